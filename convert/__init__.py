@@ -1,0 +1,1 @@
+"""laguna-gguf: Poolside's Laguna DFlash drafter checkpoints to GGUF (the ik_llama.cpp layout)."""

@@ -1,0 +1,61 @@
+"""ctypes declarations of the C entry points our patches add to libllama (``laguna_ext_*``).
+
+Everything else comes from ``llama_cpp.llama_cpp`` (llama-cpp-python's own thin layer); this
+module only adds what the stock wheel lacks, and refuses a wheel built without our patches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import cache
+
+#: Must equal laguna_ext_abi_version() in patches/0002-laguna-c-api.patch.
+EXPECTED_ABI = 1
+
+
+class PatchedWheelMissing(RuntimeError):
+    """llama-cpp-python is not the patched build; the message says how to get it."""
+
+
+@cache
+def lib() -> ctypes.CDLL:
+    import llama_cpp.llama_cpp as llama_cpp_lowlevel
+
+    handle = llama_cpp_lowlevel._lib
+    if not hasattr(handle, "laguna_ext_abi_version"):
+        raise PatchedWheelMissing(
+            f"llama-cpp-python {getattr(llama_cpp_lowlevel, '__version__', '?')} lacks the Laguna patches; "
+            "run `python scripts/build_wheel.py` (or `make setup`) to build and install the patched wheel"
+        )
+    _declare(handle)
+    abi = handle.laguna_ext_abi_version()
+    if abi != EXPECTED_ABI:
+        raise PatchedWheelMissing(
+            f"patched libllama has ABI {abi}, this runtime expects {EXPECTED_ABI}; rebuild with scripts/build_wheel.py"
+        )
+    return handle
+
+
+def _declare(h: ctypes.CDLL) -> None:
+    ctx_p = ctypes.c_void_p
+    model_p = ctypes.c_void_p
+    sig = {
+        "laguna_ext_abi_version": ([], ctypes.c_int32),
+        "laguna_ext_n_capture_slots": ([ctx_p], ctypes.c_int32),
+        "laguna_ext_set_capture": ([ctx_p, ctypes.c_int32, ctypes.c_bool], ctypes.c_int32),
+        "laguna_ext_get_capture": ([ctx_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)),
+    }
+    optional = {
+        # added by the drafter patch; absent from a capture-only build
+        "laguna_ext_model_is_dflash_laguna": ([model_p], ctypes.c_bool),
+        "laguna_ext_model_target_layer_ids": ([model_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32],
+                                              ctypes.c_int32),
+    }
+    for name, (args, res) in {**sig, **optional}.items():
+        fn = getattr(h, name, None)
+        if fn is None:
+            if name in sig:
+                raise PatchedWheelMissing(f"patched libllama lacks {name}; rebuild with scripts/build_wheel.py")
+            continue
+        fn.argtypes = args
+        fn.restype = res

@@ -1,0 +1,353 @@
+"""A thin, checked layer over llama-cpp-python's low-level API: models, contexts, batches.
+
+Every call into libllama that could trip a GGML_ASSERT (which kills the whole Python process)
+is guarded here first: files are checked before loading, row counts against the batch size,
+capture slots against the model. Failures raise :class:`LlamaError` with one-line messages.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import llama_cpp.llama_cpp as ll
+
+from . import bindings
+
+GGUF_MAGIC = b"GGUF"
+_KV_TYPES = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16}
+
+
+class LlamaError(RuntimeError):
+    """A llama.cpp operation failed or was refused before it could abort the process."""
+
+
+# ---------------------------------------------------------------------------- logging
+
+_LOG_ERROR, _LOG_CONT = 4, 5  # ggml_log_level
+_log_state = {"verbose": False, "last": 0}
+
+
+@ll.llama_log_callback
+def _log_callback(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
+    # errors always reach the user, the rest only with --verbose; CONT continues the last level
+    if level != _LOG_CONT:
+        _log_state["last"] = level
+    if _log_state["verbose"] or _log_state["last"] == _LOG_ERROR:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+def set_verbose(verbose: bool) -> None:
+    _log_state["verbose"] = verbose
+
+
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        ll.llama_backend_init()
+        bindings.lib()
+        _backend_ready = True
+
+
+def gpu_offload_supported() -> bool:
+    _init_backend()
+    return bool(ll.llama_supports_gpu_offload())
+
+
+# ---------------------------------------------------------------------------- model
+
+
+def check_gguf_file(path: Path) -> None:
+    if not path.exists():
+        raise LlamaError(f"{path}: no such file")
+    if not path.is_file():
+        raise LlamaError(f"{path}: not a file")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise LlamaError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+
+
+class Model:
+    """A loaded GGUF model (target or drafter)."""
+
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True) -> None:
+        _init_backend()
+        self.path = Path(path)
+        check_gguf_file(self.path)
+        params = ll.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.use_mmap = use_mmap
+        self._ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self._ptr:
+            raise LlamaError(f"{self.path}: llama.cpp refused to load it (run with --verbose for its log)")
+        self.vocab = ll.llama_model_get_vocab(self._ptr)
+        self.n_embd = ll.llama_model_n_embd(self._ptr)
+        self.n_layer = ll.llama_model_n_layer(self._ptr)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.arch = self.meta("general.architecture") or "?"
+
+    @property
+    def ptr(self) -> ctypes.c_void_p:
+        if not self._ptr:
+            raise LlamaError(f"{self.path}: model already closed")
+        return self._ptr
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(4096)
+        n = ll.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        return buf.value.decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        cap = len(data) + 16
+        arr = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            arr = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)
+        return list(arr[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        return ll.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def chat_template(self) -> str | None:
+        t = ll.llama_model_chat_template(self.ptr, None)
+        return t.decode("utf-8") if t else None
+
+    def close(self) -> None:
+        if self._ptr:
+            ll.llama_model_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------------------- context
+
+
+@dataclass
+class ContextParams:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int = 0  # 0: all cores
+    kv_type: str = "f16"  # "f32" for bit-exact comparisons with a reference
+    swa_full: bool = False
+    flash_attn: bool = False
+
+
+class Context:
+    """A llama_context with checked decoding, logits, capture and KV-cache editing."""
+
+    def __init__(self, model: Model, params: ContextParams | None = None, other: "Context | None" = None) -> None:
+        self.model = model
+        self.params = p = params or ContextParams()
+        if p.n_ubatch > p.n_batch:
+            raise LlamaError(f"n_ubatch ({p.n_ubatch}) must not exceed n_batch ({p.n_batch})")
+        if p.kv_type not in _KV_TYPES:
+            raise LlamaError(f"kv cache type: expected one of {sorted(_KV_TYPES)}, found {p.kv_type!r}")
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = p.n_ctx
+        cp.n_batch = p.n_batch
+        cp.n_ubatch = p.n_ubatch
+        cp.n_seq_max = 1
+        threads = p.n_threads or (os.cpu_count() or 1)
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.type_k = _KV_TYPES[p.kv_type]
+        cp.type_v = _KV_TYPES[p.kv_type]
+        cp.swa_full = p.swa_full
+        cp.flash_attn_type = 1 if p.flash_attn else 0
+        cp.no_perf = True
+        if other is not None:
+            cp.ctx_other = other.ptr
+        self._other = other  # keep the borrowed context alive as long as this one
+        self._ptr = ll.llama_init_from_model(model.ptr, cp)
+        if not self._ptr:
+            raise LlamaError(f"{model.path}: llama.cpp could not create a context (run with --verbose for its log)")
+        self.n_ctx = ll.llama_n_ctx(self._ptr)
+        self.n_batch = ll.llama_n_batch(self._ptr)
+        self._batches: dict[int, ll.llama_batch] = {}
+        self._capture_slots: set[int] = set()
+        self.last_n_tokens = 0
+
+    @property
+    def ptr(self) -> ctypes.c_void_p:
+        if not self._ptr:
+            raise LlamaError("context already closed")
+        return self._ptr
+
+    # -- batches
+
+    def _batch(self, embd_width: int) -> ll.llama_batch:
+        b = self._batches.get(embd_width)
+        if b is None:
+            b = ll.llama_batch_init(self.n_batch, embd_width, 1)
+            self._batches[embd_width] = b
+        return b
+
+    def _fill_common(self, b: ll.llama_batch, positions: np.ndarray, logits_rows: np.ndarray) -> None:
+        n = len(positions)
+        b.n_tokens = n
+        np.ctypeslib.as_array(b.pos, shape=(n,))[:] = positions
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        for i in range(n):
+            b.seq_id[i][0] = 0
+        np.ctypeslib.as_array(b.logits, shape=(n,))[:] = logits_rows
+
+    def _check_rows(self, n: int, positions: np.ndarray) -> None:
+        if n == 0:
+            raise LlamaError("empty batch")
+        if n > self.n_batch:
+            raise LlamaError(f"batch of {n} rows exceeds n_batch {self.n_batch}")
+        if len(positions) != n:
+            raise LlamaError(f"{len(positions)} positions for {n} rows")
+        if int(positions.max()) >= self.n_ctx:
+            raise LlamaError(f"position {int(positions.max())} is past the context size {self.n_ctx}; raise -c")
+
+    def decode(self, tokens, positions, logits: str | np.ndarray = "last") -> None:
+        """Decode tokens at positions. ``logits``: "last", "all", "none" or a boolean row mask."""
+        tok = np.asarray(tokens, dtype=np.int32)
+        pos = np.asarray(positions, dtype=np.int32)
+        n = len(tok)
+        self._check_rows(n, pos)
+        if tok.min() < 0 or tok.max() >= self.model.n_vocab:
+            raise LlamaError(f"token id out of range 0..{self.model.n_vocab - 1}")
+        rows = _logit_rows(logits, n)
+        b = self._batch(0)
+        np.ctypeslib.as_array(b.token, shape=(n,))[:] = tok
+        self._fill_common(b, pos, rows)
+        self._run(b, n)
+
+    def decode_embd(self, embd: np.ndarray, positions) -> None:
+        """Decode rows of input embeddings (for a DFlash drafter: fused target features)."""
+        e = np.ascontiguousarray(embd, dtype=np.float32)
+        pos = np.asarray(positions, dtype=np.int32)
+        n, width = e.shape
+        self._check_rows(n, pos)
+        b = self._batch(width)
+        ctypes.memmove(b.embd, e.ctypes.data, e.nbytes)
+        self._fill_common(b, pos, np.zeros(n, dtype=np.int8))
+        self._run(b, n)
+
+    def _run(self, b: ll.llama_batch, n: int) -> None:
+        rc = ll.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise LlamaError(f"llama_decode failed with code {rc} ({n} rows)")
+        self.last_n_tokens = n
+
+    # -- outputs
+
+    def logits_row(self, i: int) -> np.ndarray:
+        """Logits of batch row i of the last decode (a copy)."""
+        ptr = ll.llama_get_logits_ith(self.ptr, i)
+        if not ptr:
+            raise LlamaError(f"no logits for row {i} of the last batch")
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    def logits_rows(self, rows) -> np.ndarray:
+        return np.stack([self.logits_row(int(i)) for i in rows])
+
+    # -- hidden-state capture (patched)
+
+    @property
+    def n_capture_slots(self) -> int:
+        return int(bindings.lib().laguna_ext_n_capture_slots(self.ptr))
+
+    def set_capture(self, slot: int, enable: bool = True) -> None:
+        if bindings.lib().laguna_ext_set_capture(self.ptr, slot, enable) != 0:
+            raise LlamaError(f"capture slot {slot} out of range 0..{self.n_capture_slots - 1}")
+        (self._capture_slots.add if enable else self._capture_slots.discard)(slot)
+
+    def capture(self, slot: int) -> np.ndarray:
+        """Rows [last_n_tokens, n_embd] captured at slot by the last decode (a copy)."""
+        if slot not in self._capture_slots:
+            raise LlamaError(f"capture slot {slot} is not enabled")
+        ptr = bindings.lib().laguna_ext_get_capture(self.ptr, slot)
+        if not ptr:
+            raise LlamaError(f"capture slot {slot} holds no data yet")
+        return np.ctypeslib.as_array(ptr, shape=(self.last_n_tokens, self.model.n_embd)).copy()
+
+    # -- memory
+
+    def seq_rm(self, p0: int, p1: int = -1) -> None:
+        mem = ll.llama_get_memory(self.ptr)
+        if not ll.llama_memory_seq_rm(mem, 0, p0, p1):
+            raise LlamaError(f"could not remove positions [{p0}, {p1}) from the KV cache")
+
+    def pos_max(self) -> int:
+        return int(ll.llama_memory_seq_pos_max(ll.llama_get_memory(self.ptr), 0))
+
+    def clear(self) -> None:
+        ll.llama_memory_clear(ll.llama_get_memory(self.ptr), True)
+
+    def set_causal(self, causal: bool) -> None:
+        ll.llama_set_causal_attn(self.ptr, causal)
+
+    def close(self) -> None:
+        for b in self._batches.values():
+            ll.llama_batch_free(b)
+        self._batches.clear()
+        if self._ptr:
+            ll.llama_free(self._ptr)
+            self._ptr = None
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _logit_rows(logits: str | np.ndarray, n: int) -> np.ndarray:
+    rows = np.zeros(n, dtype=np.int8)
+    if isinstance(logits, str):
+        if logits == "last":
+            rows[-1] = 1
+        elif logits == "all":
+            rows[:] = 1
+        elif logits != "none":
+            raise ValueError(f"logits: expected 'last', 'all', 'none' or a mask, found {logits!r}")
+    else:
+        rows[:] = np.asarray(logits, dtype=bool)
+    return rows

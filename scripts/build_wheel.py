@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Build llama-cpp-python 0.3.36 from its PyPI sdist with the patches in ``patches/``.
+
+The wheel is cached under ``$LAGUNA_DFLASH_CACHE`` (default ``~/.cache/laguna-dflash``)
+keyed by the sdist hash, the content of every patch in ``patches/series`` order and the
+build flags, so a second run (from any clone on the same machine) skips the compile.
+
+    python scripts/build_wheel.py                 # CPU wheel, build or reuse, then install
+    python scripts/build_wheel.py --cuda --cuda-arch 90
+    python scripts/build_wheel.py --source-dir    # print the patched source tree and exit
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+DEFAULT_CUDA_ARCH = "native"
+
+REPO = Path(__file__).resolve().parent.parent
+PATCH_DIR = REPO / "patches"
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LAGUNA_DFLASH_CACHE", Path.home() / ".cache" / "laguna-dflash"))
+
+
+def log(msg: str) -> None:
+    print(f"[build_wheel] {msg}", flush=True)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def series() -> list[Path]:
+    """Patches in the order ``patches/series`` lists them (one file name a line, '#' comments)."""
+    listing = PATCH_DIR / "series"
+    if not listing.exists():
+        raise BuildError(f"{listing}: missing; it lists the patches in the order they apply")
+    names = [ln.split("#", 1)[0].strip() for ln in listing.read_text().splitlines()]
+    patches = [PATCH_DIR / n for n in names if n]
+    for p in patches:
+        if not p.exists():
+            raise BuildError(f"{listing}: names {p.name}, which does not exist")
+    unlisted = sorted({p.name for p in PATCH_DIR.glob("*.patch")} - {p.name for p in patches})
+    if unlisted:
+        raise BuildError(f"{listing}: does not list {', '.join(unlisted)}")
+    return patches
+
+
+def build_flags(cuda: bool, cuda_arch: str) -> list[str]:
+    flags = ["-DLLAVA_BUILD=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
+    if cuda:
+        flags += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
+    return flags
+
+
+def cache_key(patches: list[Path], flags: list[str]) -> str:
+    h = hashlib.sha256()
+    h.update(SDIST_SHA256.encode())
+    for p in patches:
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    h.update(" ".join(flags).encode())
+    return h.hexdigest()[:16]
+
+
+def wheel_version(key: str) -> str:
+    # a local version label keeps `llama-cpp-python==0.3.36` satisfied while naming the patch set
+    return f"{SDIST_VERSION}+laguna.{key[:10]}"
+
+
+def installed_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("llama_cpp_python")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def fetch_sdist() -> Path:
+    dest = cache_root() / "sdist"
+    dest.mkdir(parents=True, exist_ok=True)
+    path = dest / SDIST_FILE
+    if not path.exists():
+        log(f"fetching {SDIST_NAME}=={SDIST_VERSION} sdist with pip")
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             f"{SDIST_NAME}=={SDIST_VERSION}", "-d", str(dest), "-q"],
+            check=True,
+        )
+    digest = sha256_of(path)
+    if digest != SDIST_SHA256:
+        path.unlink()
+        raise BuildError(f"{path}: sha256 {digest}, expected {SDIST_SHA256}; refusing to build")
+    return path
+
+
+def apply_patches(tree: Path, patches: list[Path]) -> None:
+    for p in patches:
+        # --dry-run first, so a patch that does not apply leaves no half-patched tree behind
+        for extra in (["--dry-run"], []):
+            r = subprocess.run(["patch", "-p1", "--forward", "--batch", "--silent", *extra, "-i", str(p)],
+                               cwd=tree, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise BuildError(f"patch {p.name} does not apply to {SDIST_FILE}:\n{r.stdout}{r.stderr}")
+        log(f"applied {p.name}")
+
+
+def patched_source(patches: list[Path], key: str) -> Path:
+    """The extracted sdist with every patch applied, made once per cache key."""
+    root = cache_root() / "src" / key
+    tree = root / f"llama_cpp_python-{SDIST_VERSION}"
+    if (root / ".complete").exists():
+        return tree
+    sdist = fetch_sdist()
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    with tarfile.open(sdist) as tf:
+        tf.extractall(root, filter="data")
+    apply_patches(tree, patches)
+    (root / ".complete").write_text(key)
+    return tree
+
+
+def build(tree: Path, flags: list[str], out: Path, cuda: bool) -> Path:
+    env = dict(os.environ)
+    env["CMAKE_ARGS"] = " ".join(flags)
+    env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    log(f"building wheel ({'CUDA' if cuda else 'CPU'}; CMAKE_ARGS={env['CMAKE_ARGS']})")
+    t0 = time.time()
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(tree)]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        (tmp / "build.log").write_text(r.stdout + r.stderr)
+        tail = "\n".join((r.stdout + r.stderr).splitlines()[-40:])
+        raise BuildError(f"wheel build failed (full log: {tmp / 'build.log'}):\n{tail}")
+    log(f"built in {time.time() - t0:.0f} s")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return next(out.glob("*.whl"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cuda", action="store_true", help="build with -DGGML_CUDA=on")
+    ap.add_argument("--cuda-arch", default=os.environ.get("LAGUNA_CUDA_ARCH", DEFAULT_CUDA_ARCH),
+                    help="CMAKE_CUDA_ARCHITECTURES (default: %(default)s; e.g. 90 for Hopper)")
+    ap.add_argument("--no-install", action="store_true", help="build or reuse the wheel, do not install it")
+    ap.add_argument("--source-dir", action="store_true", help="print the patched source tree and exit")
+    ap.add_argument("--wheel-path", action="store_true", help="print the cached wheel path (building if needed)")
+    args = ap.parse_args(argv)
+
+    try:
+        patches = series()
+        flags = build_flags(args.cuda, args.cuda_arch)
+        key = cache_key(patches, flags)
+        src_key = cache_key(patches, [])
+        if args.source_dir:
+            print(patched_source(patches, src_key))
+            return 0
+        out = cache_root() / "wheels" / key
+        wheels = sorted(out.glob("*.whl")) if out.exists() else []
+        if wheels:
+            wheel = wheels[0]
+            log(f"reusing cached wheel {wheel} (key {key})")
+        else:
+            tree = patched_source(patches, src_key)
+            # build from a private copy so concurrent CPU/CUDA builds never share a build dir
+            work = cache_root() / "work" / key
+            if work.exists():
+                shutil.rmtree(work)
+            shutil.copytree(tree, work, symlinks=True)
+            init = work / "llama_cpp" / "__init__.py"
+            init.write_text(init.read_text().replace(f'__version__ = "{SDIST_VERSION}"',
+                                                     f'__version__ = "{wheel_version(key)}"'))
+            wheel = build(work, flags, out, args.cuda)
+            shutil.rmtree(work, ignore_errors=True)
+        if args.wheel_path:
+            print(wheel)
+            return 0
+        if not args.no_install:
+            if installed_version() == wheel_version(key):
+                log(f"llama-cpp-python {wheel_version(key)} already installed")
+                return 0
+            log(f"installing {wheel.name}")
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+                            str(wheel)], check=True)
+        return 0
+    except BuildError as e:
+        print(f"[build_wheel] error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Set up .venv with the patched llama-cpp-python and this project.
+#   scripts/setup.sh           runtime only (convert + run)
+#   scripts/setup.sh --test    also the test and training dependencies (torch CPU, transformers)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_test=0
+[[ "${1:-}" == "--test" ]] && want_test=1
+
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+    "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+quiet() { "$@" 2>&1 | grep -v -e '^WARNING: Location' -e '^\s*$' || true; }
+
+"$VPY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# build requirements of the llama-cpp-python sdist (built without isolation, so the cache key is ours)
+quiet "$VPY" -m pip install -q "scikit-build-core>=0.9.2" numpy
+"$VPY" scripts/build_wheel.py ${LAGUNA_CUDA:+--cuda}
+if [[ $want_test == 1 ]]; then
+    # the CPU torch wheel on local disk; a bare `torch` would pull a multi-GB CUDA build
+    quiet "$VPY" -m pip install -q "torch==2.13.0"
+    quiet "$VPY" -m pip install -q -e ".[test,upload,plot]"
+else
+    quiet "$VPY" -m pip install -q -e ".[upload,plot]"
+fi
+"$VPY" -c "import runtime.bindings as b; b.lib(); print('[setup] patched llama-cpp-python OK')"

@@ -1,0 +1,28 @@
+"""Shared fixtures: the tiny Laguna target (built once per generator version and cached)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def fixture_cache() -> Path:
+    root = Path(os.environ.get("LAGUNA_DFLASH_CACHE", Path.home() / ".cache" / "laguna-dflash"))
+    return root / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> dict[str, Path]:
+    """HF dir, F32 GGUF and transformers reference outputs of the tiny Laguna target."""
+    import tiny_target as gen
+
+    out = fixture_cache() / f"tiny-target-{gen.generator_fingerprint()}"
+    if not (out / "fingerprint").exists():
+        gen.build_all(out)
+    return {"hf": out / "hf", "gguf": out / "tiny-laguna-f32.gguf", "reference": out / "reference.npz"}
