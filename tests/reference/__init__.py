@@ -1,0 +1,1 @@
+"""Independent reference implementations used by the tests (plain numpy, written for clarity)."""
