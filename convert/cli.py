@@ -1,0 +1,246 @@
+"""``laguna-gguf``: convert Poolside's Laguna DFlash drafters to GGUF, and inspect the result."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from gguf import LlamaFileType
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TransferSpeedColumn)
+from rich.table import Table
+
+from .converter import ARCH, Summary, check_output_path, prepare
+from .drafter_info import layout_problems, pairing_problems, read_drafter_gguf
+from .errors import USER_ERROR_EXIT, UserError
+from .quantize import OutType
+from .target import TargetInfo, read_target
+
+app = typer.Typer(
+    name="laguna-gguf",
+    help=(
+        "Convert a Laguna DFlash speculative drafter (Hugging Face safetensors) into the GGUF layout "
+        "ik_llama.cpp loads (architecture dflash-draft), and check drafter/target pairs.\n\n"
+        "A drafter has no embedding or LM head of its own: it borrows the target's, and reads hidden "
+        "states captured from a few target layers. That is why every command here also takes the "
+        "target: the pair must agree on layer count, hidden size and vocabulary."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+out_console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _user_errors(fn: F) -> F:
+    """Turn a UserError into ``error: <one line>`` on stderr and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            typer.echo("error: " + " ".join(str(e).split("\n")), err=True)
+            raise typer.Exit(USER_ERROR_EXIT) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _load_target(path: Path, quiet: bool) -> TargetInfo:
+    if quiet:
+        return read_target(path)
+    with err_console.status(f"reading target {path} ..."):
+        return read_target(path)
+
+
+@app.command("convert", help=(
+    "Convert a Laguna DFlash drafter to GGUF (architecture dflash-draft, the SPEC §5a layout).\n\n"
+    "Every rule of the drafter contract is checked first: config fields, exact tensor names and shapes, "
+    "the pairing with TARGET. A violation stops with exit code 2 and one line naming the file, the field "
+    "or tensor, the expected and the found value; no output file is left behind. Tensors are then read, "
+    "converted and written one at a time, so memory stays near the size of the largest tensor."
+), epilog=(
+    "Examples:\n\n"
+    "  laguna-gguf convert Laguna-XS-2.1-DFlash --target Laguna-XS-2.1-Q4_K_M.gguf -o xs-dflash-q8_0.gguf\n\n"
+    "  laguna-gguf convert ./drafter --target ./Laguna-XS-2.1 --outtype bf16   # HF target directory"
+))
+@_user_errors
+def convert_cmd(
+    drafter_dir: Path = typer.Argument(
+        ..., metavar="DRAFTER_DIR", show_default=False,
+        help="The drafter's HF directory: config.json plus model.safetensors or a sharded "
+             "model.safetensors.index.json (a leading 'model.', split q/k/v_proj and layers numbered "
+             "after the target's are all accepted)."),
+    target: Path = typer.Option(
+        ..., "--target", "-t", metavar="TARGET", show_default=False,
+        help="The target model: its .gguf file, or its HF directory (then llama.cpp's convert_hf_to_gguf.py "
+             "--vocab-only reads the tokenizer; set LAGUNA_LLAMA_CPP_DIR if it is not found). The tokenizer "
+             "is copied from it, and the pair is checked: layer count, hidden size, vocabulary."),
+    outfile: Path | None = typer.Option(
+        None, "--outfile", "-o", metavar="OUT.gguf", show_default=False,
+        help="Output file (default: ./<DRAFTER_DIR name>-<outtype>.gguf). Written under a temporary name "
+             "and renamed when complete, so a failed run leaves nothing behind."),
+    outtype: OutType = typer.Option(
+        OutType.Q8_0, "--outtype", case_sensitive=False,
+        help="Type of the weight matrices (norm vectors always stay F32). q8_0 is about half the size of "
+             "bf16 and what drafters usually run in; bf16 keeps the checkpoint's exact values."),
+    source_repo: str | None = typer.Option(
+        None, "--source-repo", metavar="ORG/NAME",
+        help="The Hugging Face repository the drafter comes from, recorded as "
+             "general.source.huggingface.repository (default: config.json's _name_or_path when it "
+             "looks like ORG/NAME)."),
+    name: str | None = typer.Option(
+        None, "--name", help="general.name of the output (default: the repository or directory name)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
+) -> None:
+    t0 = time.perf_counter()
+    out = outfile or Path(f"{drafter_dir.resolve().name}-{outtype.value}.gguf")
+    tgt = _load_target(target, quiet)
+    check_output_path(out, tgt)
+    job = prepare(drafter_dir, tgt, outtype, name=name, source_repo=source_repo)
+    cfg = job.cfg
+    if not quiet:
+        err_console.print(
+            f"drafter [bold]{drafter_dir}[/]: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+            f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} heads, target layers "
+            f"{list(cfg.target_layer_ids)}\n"
+            f"target  [bold]{tgt.name}[/]: {tgt.n_layer} layers, hidden {tgt.hidden_size}, vocab {tgt.vocab_size}\n"
+            f"writing [bold]{out}[/] ({outtype.value}, {len(job.specs)} tensors, {_fmt_bytes(job.total_bytes)})",
+            soft_wrap=True)
+        with Progress(TextColumn("{task.description:<28}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      TimeElapsedColumn(), console=err_console, transient=False) as bar:
+            task = bar.add_task("converting", total=job.total_bytes)
+            summary = job.write(out, on_tensor=lambda s: bar.update(task, advance=s.nbytes, description=s.name))
+            bar.update(task, description="done")
+        _print_summary(summary, time.perf_counter() - t0)
+    else:
+        job.write(out)
+
+
+def _print_summary(s: Summary, wall: float) -> None:
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("type")
+    table.add_column("tensors", justify="right")
+    table.add_column("bytes", justify="right")
+    for qtype, (n, b) in sorted(s.by_type.items()):
+        table.add_row(qtype, str(n), _fmt_bytes(b))
+    table.add_row("[bold]total[/]", str(s.n_tensors), _fmt_bytes(sum(b for _, b in s.by_type.values())))
+    out_console.print(f"wrote {s.out}", soft_wrap=True)
+    out_console.print(table)
+    out_console.print(f"{s.n_tensors} tensors, {s.n_params:,} parameters, output {_fmt_bytes(s.file_size)} "
+                      f"({s.file_size:,} bytes), {wall:.1f} s", soft_wrap=True)
+
+
+@app.command("inspect", help=(
+    "Show a drafter GGUF's contract at a glance, check its dflash-draft layout, and with --target "
+    "whether it pairs with that target.\n\n"
+    "Exit code 0 when the layout is complete (and the pair works), 2 otherwise, with one line per problem."
+), epilog=(
+    "Examples:\n\n"
+    "  laguna-gguf inspect xs-dflash-q8_0.gguf\n\n"
+    "  laguna-gguf inspect xs-dflash-q8_0.gguf --target Laguna-XS-2.1-Q4_K_M.gguf"
+))
+@_user_errors
+def inspect_cmd(
+    file: Path = typer.Argument(..., metavar="FILE.gguf", show_default=False,
+                                help="A drafter GGUF written by `laguna-gguf convert`."),
+    target: Path | None = typer.Option(
+        None, "--target", "-t", metavar="TARGET",
+        help="Also check that the drafter pairs with this target (.gguf or HF directory): layer ids within "
+             "its layers, same hidden size, same vocabulary token for token. Exit code 2 when it does not."),
+) -> None:
+    if not file.is_file():
+        raise UserError(f"{file}: not found")
+    info = read_drafter_gguf(file)
+    a = ARCH
+    table = Table(title=str(file), show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    rows = [
+        ("architecture", info.architecture),
+        ("name", info.get("general.name")),
+        ("source repository", info.get("general.source.huggingface.repository")),
+        ("layers", info.get(f"{a}.block_count")),
+        ("hidden size", info.get(f"{a}.embedding_length")),
+        ("feed-forward size", info.get(f"{a}.feed_forward_length")),
+        ("heads / kv heads / head dim", f"{info.get(f'{a}.attention.head_count')} / "
+                                        f"{info.get(f'{a}.attention.head_count_kv')} / "
+                                        f"{info.get(f'{a}.attention.key_length')}"),
+        ("sliding window", info.get(f"{a}.attention.sliding_window")),
+        ("rope base", info.get(f"{a}.rope.freq_base")),
+        ("block size", info.get(f"{a}.dflash.block_size")),
+        ("mask token id", info.get(f"{a}.dflash.mask_token_id")),
+        ("target layer ids (HF)", info.get(f"{a}.dflash.target_layer_ids")),
+        ("target features", info.get(f"{a}.dflash.n_target_features")),
+        ("built for target", f"{info.get(f'{a}.dflash.target_name')} "
+                             f"({info.get(f'{a}.dflash.target_n_layer')} layers)"),
+        ("vocabulary", f"{len(info.tokens)} tokens"),
+        ("file type", _file_type_name(info.get("general.file_type"))),
+    ]
+    by_type: dict[str, int] = {}
+    for _, qtype, _ in info.tensors.values():
+        by_type[qtype.name] = by_type.get(qtype.name, 0) + 1
+    rows.append(("tensors", f"{len(info.tensors)} ({', '.join(f'{n} {t}' for t, n in sorted(by_type.items()))}), "
+                            f"{info.n_params:,} parameters"))
+    for k, v in rows:
+        table.add_row(k, "-" if v is None else str(v))
+    out_console.print(table)
+
+    problems = layout_problems(info)
+    for p in problems:
+        typer.echo(f"error: {p}", err=True)
+    if problems:
+        raise typer.Exit(USER_ERROR_EXIT)
+    out_console.print("layout: complete dflash-draft (SPEC §5a)")
+    if target is None:
+        return
+    tgt = read_target(target)
+    problems = pairing_problems(info, tgt)
+    for p in problems:
+        typer.echo(f"error: does not pair with {target}: {p}", err=True)
+    if problems:
+        raise typer.Exit(USER_ERROR_EXIT)
+    out_console.print(f"pairs with target {tgt.name} ({tgt.n_layer} layers, hidden {tgt.hidden_size}, "
+                      f"vocab {tgt.vocab_size})", soft_wrap=True)
+
+
+def _file_type_name(v: object) -> str:
+    try:
+        return f"{v} ({LlamaFileType(v).name})"
+    except ValueError:
+        return str(v)
+
+
+def main() -> None:
+    """Console-script entry point (``laguna-gguf``)."""
+    app(prog_name="laguna-gguf")
+
+
+try:
+    from convert import upload as _upload  # noqa: E402
+except ImportError:  # the upload command is optional: its module or its dependencies may be absent
+    _upload = None  # type: ignore[assignment]
+else:
+    _upload.register(app)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

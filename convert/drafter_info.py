@@ -1,0 +1,173 @@
+"""Read a converted drafter GGUF back: its contract at a glance, its layout, and whether it pairs with a target.
+
+    info = read_drafter_gguf(Path("drafter-q8_0.gguf"))
+    problems = layout_problems(info)            # [] when the SPEC §5a layout is complete
+    problems = pairing_problems(info, target)   # [] when the pair works
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gguf import GGMLQuantizationType, GGUFValueType
+
+from .checkpoint import DrafterConfig
+from .converter import ARCH
+from .errors import ContractError
+from .mapping import Kind, gguf_layout
+from .target import TargetInfo, field_kv, kv_text, open_gguf, tokenizer_kvs
+
+
+@dataclass
+class DrafterInfo:
+    """What a drafter GGUF declares (``None`` where a key is absent)."""
+
+    path: Path
+    architecture: str | None
+    values: dict[str, object]  # the dflash-draft.* and general.* keys, decoded
+    tensors: dict[str, tuple[tuple[int, ...], GGMLQuantizationType, int]]  # name -> (numpy shape, type, bytes)
+    tokens: list[bytes] = field(default_factory=list)
+
+    def get(self, key: str) -> object:
+        return self.values.get(key)
+
+    def int(self, key: str) -> int | None:
+        v = self.values.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        v = self.values.get(f"{ARCH}.dflash.target_layer_ids")
+        return list(v) if isinstance(v, list) else []
+
+    @property
+    def n_params(self) -> int:
+        total = 0
+        for shape, _, _ in self.tensors.values():
+            n = 1
+            for d in shape:
+                n *= d
+            total += n
+        return total
+
+    def config(self) -> DrafterConfig | None:
+        """The drafter config the keys describe (enough to rebuild the expected layout)."""
+        a = ARCH
+        need = {k: self.int(f"{a}.{k}") for k in (
+            "embedding_length", "feed_forward_length", "block_count", "attention.head_count",
+            "attention.head_count_kv", "attention.key_length", "vocab_size", "attention.sliding_window",
+            "dflash.block_size", "dflash.mask_token_id", "dflash.target_n_layer")}
+        ids = self.target_layer_ids
+        if any(v is None for k, v in need.items() if k != "dflash.target_n_layer") or not ids:
+            return None
+        n = lambda k: int(need[k])  # noqa: E731
+        return DrafterConfig(
+            source=self.path, hidden_size=n("embedding_length"), intermediate_size=n("feed_forward_length"),
+            num_hidden_layers=n("block_count"), num_attention_heads=n("attention.head_count"),
+            num_key_value_heads=n("attention.head_count_kv"), head_dim=n("attention.key_length"),
+            rms_norm_eps=float(self.values.get(f"{a}.attention.layer_norm_rms_epsilon") or 0.0),
+            vocab_size=n("vocab_size"), rope_theta=float(self.values.get(f"{a}.rope.freq_base") or 0.0),
+            max_position_embeddings=int(self.int(f"{a}.context_length") or 0),
+            sliding_window=n("attention.sliding_window"), block_size=n("dflash.block_size"),
+            mask_token_id=n("dflash.mask_token_id"),
+            num_target_layers=need["dflash.target_n_layer"] or max(ids) + 1, target_layer_ids=tuple(ids))
+
+
+def _decode(kv) -> object:
+    if kv is None:
+        return None
+    if kv.type == GGUFValueType.STRING:
+        return kv_text(kv)
+    if kv.type == GGUFValueType.ARRAY:
+        if kv.sub_type == GGUFValueType.STRING:
+            return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in kv.value]
+        return list(kv.value)
+    return kv.value
+
+
+def read_drafter_gguf(path: Path) -> DrafterInfo:
+    reader = open_gguf(path)
+    values: dict[str, object] = {}
+    for key in reader.fields:
+        if key.startswith("GGUF.") or key.startswith("tokenizer."):
+            continue
+        values[key] = _decode(field_kv(reader, key))
+    tensors = {}
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(list(t.shape)))
+        tensors[t.name] = (shape, GGMLQuantizationType(t.tensor_type), int(t.n_bytes))
+    tok = tokenizer_kvs(reader).get("tokenizer.ggml.tokens")
+    tokens = [v if isinstance(v, bytes) else str(v).encode() for v in tok.value] if tok else []
+    arch = kv_text(field_kv(reader, "general.architecture"))
+    return DrafterInfo(Path(path), arch, values, tensors, tokens)
+
+
+def layout_problems(info: DrafterInfo) -> list[ContractError]:
+    """Where the file departs from the SPEC §5a layout (architecture, keys, tensor names/shapes/types)."""
+    p = info.path
+    out: list[ContractError] = []
+    if info.architecture != ARCH:
+        return [ContractError(p, "general.architecture", f'"{ARCH}" (a Laguna DFlash drafter)', info.architecture)]
+    if info.get(f"{ARCH}.dflash.laguna") is not True:
+        out.append(ContractError(p, f"{ARCH}.dflash.laguna", "true", info.get(f"{ARCH}.dflash.laguna")))
+    if info.get(f"{ARCH}.attention.causal") is not True:
+        out.append(ContractError(p, f"{ARCH}.attention.causal", "true", info.get(f"{ARCH}.attention.causal")))
+    cfg = info.config()
+    if cfg is None:
+        out.append(ContractError(p, f"{ARCH}.*", "the size keys of SPEC §5a", "some missing"))
+        return out
+    n_feat = info.int(f"{ARCH}.dflash.n_target_features")
+    if n_feat != cfg.n_target_features:
+        out.append(ContractError(p, f"{ARCH}.dflash.n_target_features",
+                                 f"{cfg.n_target_features} (len(target_layer_ids) * embedding_length)", n_feat))
+    pattern = info.get(f"{ARCH}.attention.sliding_window_pattern")
+    if pattern != [True] * cfg.num_hidden_layers:
+        out.append(ContractError(p, f"{ARCH}.attention.sliding_window_pattern",
+                                 f"{cfg.num_hidden_layers} x true", pattern))
+    expected = {e.name: e for e in gguf_layout(cfg)}
+    for name in expected:
+        if name not in info.tensors:
+            out.append(ContractError(p, name, f"a tensor of shape {list(expected[name].shape)}", "nothing"))
+    for name, (shape, qtype, _) in info.tensors.items():
+        e = expected.get(name)
+        if e is None:
+            out.append(ContractError(p, name, "no such tensor in the dflash-draft layout", f"shape {list(shape)}"))
+        elif shape != e.shape:
+            out.append(ContractError(p, name, f"shape {list(e.shape)}", f"shape {list(shape)}"))
+        elif e.kind is Kind.NORM and qtype != GGMLQuantizationType.F32:
+            out.append(ContractError(p, name, "F32 (norms stay F32)", qtype.name))
+    return out
+
+
+def pairing_problems(info: DrafterInfo, target: TargetInfo) -> list[ContractError]:
+    """Why the drafter cannot run with ``target`` ([] when it can)."""
+    p, a, who = info.path, ARCH, f"target {target.name}"
+    out: list[ContractError] = []
+    ids = info.target_layer_ids
+    recorded = info.int(f"{a}.dflash.target_n_layer")
+    if recorded is not None and recorded != target.n_layer:
+        out.append(ContractError(p, f"{a}.dflash.target_n_layer", f"{target.n_layer} (layers of {who})", recorded))
+    if ids and max(ids) >= target.n_layer:
+        out.append(ContractError(p, f"{a}.dflash.target_layer_ids", f"ids below {target.n_layer} (layers of {who})",
+                                 ids))
+    hidden = info.int(f"{a}.embedding_length")
+    if hidden != target.hidden_size:
+        out.append(ContractError(p, f"{a}.embedding_length", f"{target.hidden_size} (hidden size of {who})", hidden))
+    n_feat = info.int(f"{a}.dflash.n_target_features")
+    if ids and n_feat != len(ids) * target.hidden_size:
+        out.append(ContractError(p, f"{a}.dflash.n_target_features",
+                                 f"{len(ids) * target.hidden_size} ({len(ids)} x hidden size of {who})", n_feat))
+    target_tokens = target.tokens()
+    if len(info.tokens) != len(target_tokens):
+        out.append(ContractError(p, "tokenizer.ggml.tokens", f"{len(target_tokens)} tokens (vocabulary of {who})",
+                                 f"{len(info.tokens)} tokens"))
+    else:
+        diff = next((i for i, (x, y) in enumerate(zip(info.tokens, target_tokens, strict=True)) if x != y), None)
+        if diff is not None:
+            out.append(ContractError(p, f"tokenizer.ggml.tokens[{diff}]", f"{target_tokens[diff]!r} (as in {who})",
+                                     repr(info.tokens[diff])))
+    mask = info.int(f"{a}.dflash.mask_token_id")
+    if mask is not None and not 0 <= mask < target.vocab_size:
+        out.append(ContractError(p, f"{a}.dflash.mask_token_id", f"a token id below {target.vocab_size} ({who})", mask))
+    return out

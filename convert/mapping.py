@@ -1,0 +1,271 @@
+"""From the tensors a checkpoint ships to the tensors the GGUF holds.
+
+Two steps, both pure functions of the config and the tensor *index* (no weights are read):
+
+1. :func:`sanitize` (in the spirit of mlx-lm's ``sanitize`` hooks) turns whatever key set a
+   checkpoint uses into the canonical one of SPEC §2: strip a leading ``model.``; number the
+   layers from 0 when they follow the target's (``layers.40..44`` for a 40-layer target);
+   stack split ``q_proj/k_proj/v_proj`` into one ``qkv_proj`` (q, k, v rows); then demand the
+   exact key set and every shape the config implies.
+2. :func:`gguf_plan` maps each canonical tensor to its GGUF name(s) (SPEC §5a), splitting
+   ``qkv_proj`` back into ``attn_q``/``attn_k``/``attn_v`` by row range.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import DrafterConfig, expected_tensors, split_qkv_shapes
+from .errors import ContractError, UserError
+from .safetensors_io import TensorRef, read_header
+
+PREFIX = "model."
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+_SPLIT = ("q_proj", "k_proj", "v_proj")
+
+
+# --------------------------------------------------------------------------- reading the index
+
+
+def read_tensor_index(drafter_dir: Path) -> dict[str, TensorRef]:
+    """Every tensor of the checkpoint by its key as stored: ``model.safetensors`` or a sharded index."""
+    single, index = drafter_dir / SINGLE_FILE, drafter_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{index}: not a safetensors index with a weight_map ({e})") from None
+        if not isinstance(weight_map, dict):
+            raise ContractError(index, "weight_map", "an object {tensor: shard file}", type(weight_map).__name__)
+        refs: dict[str, TensorRef] = {}
+        for shard in sorted(set(weight_map.values())):
+            path = drafter_dir / str(shard)
+            if not path.is_file():
+                raise ContractError(index, "weight_map", f"shard {shard} to exist", "no such file")
+            refs.update(read_header(path))
+        listed, found = set(weight_map), set(refs)
+        if listed != found:
+            key = sorted(listed ^ found)[0]
+            where = "listed in the index but not in its shard" if key in listed else "in a shard but not in the index"
+            raise ContractError(index, key, "the same tensors in the index and in the shards", where)
+        return refs
+    if single.is_file():
+        return read_header(single)
+    raise UserError(f"{drafter_dir}: expected {SINGLE_FILE} or {INDEX_FILE}, found neither")
+
+
+# --------------------------------------------------------------------------- sanitising
+
+
+@dataclass(frozen=True)
+class RowStack:
+    """A canonical tensor: one stored tensor, or several stacked along rows (split q/k/v)."""
+
+    parts: tuple[TensorRef, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        first = self.parts[0].shape
+        return (sum(p.n_rows for p in self.parts), *first[1:])
+
+    @property
+    def where(self) -> str:
+        return ", ".join(p.name for p in self.parts)
+
+    def read_rows(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``start:stop`` of the stacked tensor as float32 (reads only the parts it touches)."""
+        stop = self.shape[0] if stop is None else stop
+        pieces, base = [], 0
+        for p in self.parts:
+            lo, hi = max(start, base), min(stop, base + p.n_rows)
+            if lo < hi:
+                pieces.append(p.read_rows(lo - base, hi - base))
+            base += p.n_rows
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
+
+
+def _file_of(refs: Mapping[str, TensorRef], source: Path) -> Path:
+    files = {r.file for r in refs.values()}
+    return files.pop() if len(files) == 1 else source
+
+
+def sanitize(refs: Mapping[str, TensorRef], cfg: DrafterConfig, source: Path) -> dict[str, RowStack]:
+    """The canonical tensors of SPEC §2 (in :func:`expected_tensors` order), or a ContractError.
+
+    ``source`` (the drafter directory) is named in errors that concern no single file.
+    """
+    # 1. a leading ``model.`` is dropped, but the same tensor may not come twice.
+    stripped: dict[str, TensorRef] = {}
+    for key, ref in refs.items():
+        name = key[len(PREFIX):] if key.startswith(PREFIX) else key
+        if name in stripped:
+            raise ContractError(ref.file, name, "one copy of the tensor (with or without the 'model.' prefix)",
+                                f"both {name} and {PREFIX}{name}")
+        stripped[name] = ref
+
+    # 2. layers numbered after the target's are renumbered from 0.
+    n, offset = cfg.num_hidden_layers, cfg.num_target_layers
+    found = sorted({int(m.group(1)) for k in stripped if (m := _LAYER.match(k))})
+    if found == list(range(offset, offset + n)) and offset:
+        renamed = {}
+        for k, ref in stripped.items():
+            m = _LAYER.match(k)
+            renamed[f"layers.{int(m.group(1)) - offset}.{m.group(2)}" if m else k] = ref
+        stripped = renamed
+    elif found and found != list(range(n)):
+        raise ContractError(_file_of(refs, source), "layers",
+                            f"layer indices 0..{n - 1} (or {offset}..{offset + n - 1}, after the target's layers)",
+                            _ranges(found))
+
+    # 3. split q/k/v becomes one stacked qkv_proj; a layer has exactly one of the two forms.
+    stacks = {k: RowStack((ref,)) for k, ref in stripped.items()}
+    split_shapes = split_qkv_shapes(cfg)
+    for layer in range(n):
+        att = f"layers.{layer}.self_attn."
+        have = [s for s in _SPLIT if att + s + ".weight" in stacks]
+        if not have:
+            continue
+        where = stripped[att + have[0] + ".weight"].file
+        if att + "qkv_proj.weight" in stacks:
+            raise ContractError(where, att.rstrip("."), "either qkv_proj or q_proj/k_proj/v_proj",
+                                f"both qkv_proj and {'/'.join(have)}")
+        if len(have) != 3:
+            raise ContractError(where, att.rstrip("."), "all of q_proj, k_proj, v_proj (or a fused qkv_proj)",
+                                "only " + ", ".join(have))
+        parts = tuple(stripped[att + s + ".weight"] for s in _SPLIT)
+        for s, p in zip(_SPLIT, parts, strict=True):
+            if p.shape != split_shapes[s]:
+                raise ContractError(p.file, p.name, f"shape {list(split_shapes[s])}", f"shape {list(p.shape)}")
+            del stacks[att + s + ".weight"]
+        stacks[att + "qkv_proj.weight"] = RowStack(parts)
+
+    # 4. exactly the expected key set, every shape as the config implies.
+    expected = expected_tensors(cfg)
+    missing = [k for k in expected if k not in stacks]
+    extra = sorted(k for k in stacks if k not in expected)
+    if missing:
+        more = f" (and {len(missing) - 1} more tensors missing)" if len(missing) > 1 else ""
+        raise ContractError(_file_of(refs, source), missing[0],
+                            f"a tensor of shape {list(expected[missing[0]])}", "nothing" + more)
+    if extra:
+        stack = stacks[extra[0]]
+        more = f" (and {len(extra) - 1} more unexpected tensors)" if len(extra) > 1 else ""
+        raise ContractError(stack.parts[0].file, stack.where, "no such tensor in a Laguna DFlash drafter",
+                            f"a tensor of shape {list(stack.shape)}{more}")
+    out: dict[str, RowStack] = {}
+    for key, want in expected.items():
+        stack = stacks[key]
+        if stack.shape != want:
+            raise ContractError(stack.parts[0].file, stack.where, f"shape {list(want)}", f"shape {list(stack.shape)}")
+        out[key] = stack
+    return out
+
+
+def _ranges(ids: list[int]) -> str:
+    if ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}..{ids[-1]}"
+    return ", ".join(map(str, ids))
+
+
+def load_checkpoint(drafter_dir: Path, cfg: DrafterConfig) -> dict[str, RowStack]:
+    """Index + sanitise a drafter directory: the canonical tensors, ready to convert."""
+    return sanitize(read_tensor_index(drafter_dir), cfg, drafter_dir)
+
+
+# --------------------------------------------------------------------------- the GGUF layout
+
+
+class Kind(str, Enum):
+    NORM = "norm"  # 1-D, always F32
+    MATRIX = "matrix"  # 2-D, in the chosen output type
+
+
+#: HF (canonical) name -> GGUF name for the tensors outside the blocks; ``{i}`` is the aux index.
+GLOBAL_NAMES: tuple[tuple[str, str], ...] = (
+    ("fc.weight", "dflash_fc.weight"),
+    ("hidden_norm.weight", "dflash_hidden_norm.weight"),
+    ("aux_hidden_norms.{i}.weight", "dflash_aux_hidden_norm.{i}.weight"),
+    ("norm.weight", "output_norm.weight"),
+)
+
+#: Per block: HF suffix after ``layers.{n}.`` -> GGUF suffix after ``blk.{n}.``.
+#: ``qkv_proj`` is the one HF tensor that becomes three GGUF tensors (q, k, v rows).
+BLOCK_NAMES: tuple[tuple[str, str], ...] = (
+    ("input_layernorm.weight", "attn_norm.weight"),
+    ("self_attn.qkv_proj.weight#q", "attn_q.weight"),
+    ("self_attn.qkv_proj.weight#k", "attn_k.weight"),
+    ("self_attn.qkv_proj.weight#v", "attn_v.weight"),
+    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
+    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
+    ("self_attn.g_proj.weight", "attn_gate.weight"),
+    ("self_attn.o_proj.weight", "attn_output.weight"),
+    ("post_attention_layernorm.weight", "ffn_norm.weight"),
+    ("mlp.gate_proj.weight", "ffn_gate.weight"),
+    ("mlp.up_proj.weight", "ffn_up.weight"),
+    ("mlp.down_proj.weight", "ffn_down.weight"),
+)
+
+
+@dataclass(frozen=True)
+class LayoutEntry:
+    """One GGUF tensor: its name, the canonical HF tensor and row range it comes from, its numpy shape.
+
+    ``shape`` is in numpy/safetensors order (rows, cols); the GGUF ``ne`` is its reverse.
+    """
+
+    name: str
+    hf_name: str
+    rows: tuple[int, int]
+    shape: tuple[int, ...]
+
+    @property
+    def kind(self) -> Kind:
+        return Kind.NORM if len(self.shape) == 1 else Kind.MATRIX
+
+
+def gguf_layout(cfg: DrafterConfig) -> list[LayoutEntry]:
+    """Every GGUF tensor of the drafter in file order, from the config alone."""
+    shapes = expected_tensors(cfg)
+    q, kv = cfg.q_rows, cfg.kv_rows
+    qkv_rows = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}
+
+    def entry(gguf: str, hf: str) -> LayoutEntry:
+        hf, _, part = hf.partition("#")
+        shape = shapes[hf]
+        rows = qkv_rows[part] if part else (0, shape[0])
+        return LayoutEntry(gguf, hf, rows, (rows[1] - rows[0], *shape[1:]))
+
+    out: list[LayoutEntry] = []
+    for hf, gguf in GLOBAL_NAMES:
+        if "{i}" in hf:
+            out += [entry(gguf.format(i=i), hf.format(i=i)) for i in range(len(cfg.target_layer_ids))]
+        else:
+            out.append(entry(gguf, hf))
+    for n in range(cfg.num_hidden_layers):
+        out += [entry(f"blk.{n}.{gguf}", f"layers.{n}.{hf}") for hf, gguf in BLOCK_NAMES]
+    return out
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """A layout entry bound to the checkpoint tensor it is read from."""
+
+    entry: LayoutEntry
+    source: RowStack
+
+    def read(self) -> np.ndarray:
+        return self.source.read_rows(*self.entry.rows)
+
+
+def gguf_plan(cfg: DrafterConfig, tensors: Mapping[str, RowStack]) -> list[PlannedTensor]:
+    """Bind every GGUF tensor of :func:`gguf_layout` to its (sanitised) source."""
+    return [PlannedTensor(e, tensors[e.hf_name]) for e in gguf_layout(cfg)]
