@@ -9,8 +9,8 @@ from __future__ import annotations
 import ctypes
 from functools import cache
 
-#: Must equal laguna_ext_abi_version() in patches/0002-laguna-c-api.patch.
-EXPECTED_ABI = 1
+#: Must equal laguna_ext_abi_version() in the patched libllama (patches 0002 and 0003).
+EXPECTED_ABI = 2
 
 
 class PatchedWheelMissing(RuntimeError):
@@ -44,18 +44,13 @@ def _declare(h: ctypes.CDLL) -> None:
         "laguna_ext_n_capture_slots": ([ctx_p], ctypes.c_int32),
         "laguna_ext_set_capture": ([ctx_p, ctypes.c_int32, ctypes.c_bool], ctypes.c_int32),
         "laguna_ext_get_capture": ([ctx_p, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)),
-    }
-    optional = {
-        # added by the drafter patch; absent from a capture-only build
         "laguna_ext_model_is_dflash_laguna": ([model_p], ctypes.c_bool),
         "laguna_ext_model_target_layer_ids": ([model_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32],
                                               ctypes.c_int32),
     }
-    for name, (args, res) in {**sig, **optional}.items():
+    for name, (args, res) in sig.items():
         fn = getattr(h, name, None)
         if fn is None:
-            if name in sig:
-                raise PatchedWheelMissing(f"patched libllama lacks {name}; rebuild with scripts/build_wheel.py")
-            continue
+            raise PatchedWheelMissing(f"patched libllama lacks {name}; rebuild with scripts/build_wheel.py")
         fn.argtypes = args
         fn.restype = res

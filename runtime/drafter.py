@@ -1,0 +1,108 @@
+"""The Laguna DFlash drafter inside llama.cpp: capture, context injection, draft blocks.
+
+A :class:`Drafter` owns the drafter model and a context that borrows the target's embedding
+and head through ``ctx_other``. The target context captures the drafter's layers; the rows it
+produces are *injected* (fused features → the drafter's K/V cache at the target positions);
+``draft`` runs one block ``[bonus, MASK, ...]`` and returns the logits of the proposals, then
+removes the block's own K/V so only context stays cached (SPEC §3).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import bindings
+from .llama import Context, ContextParams, LlamaError, Model
+from .pair import DrafterSpec, check_pair, fuse_features, read_drafter, read_target
+
+
+class Drafter:
+    def __init__(self, path, target_ctx: Context, n_gpu_layers: int = 0,
+                 n_batch: int = 512, kv_type: str = "f16", n_threads: int = 0,
+                 spec: DrafterSpec | None = None, check_target: bool = True) -> None:
+        self.spec = spec or read_drafter(path)
+        if check_target:
+            check_pair(self.spec, read_target(target_ctx.model.path))
+        self.target_ctx = target_ctx
+        self.model = Model(self.spec.path, n_gpu_layers=n_gpu_layers)
+        if not bindings.lib().laguna_ext_model_is_dflash_laguna(self.model.ptr):
+            raise LlamaError(f"{self.spec.path}: loaded, but not as a Laguna DFlash drafter")
+        # the block (<= block_size rows) must decode as one ubatch, so the SWA cache only
+        # evicts cells no later query can see (see runtime docs on rollback)
+        n_batch = max(n_batch, self.spec.block_size)
+        params = ContextParams(n_ctx=target_ctx.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                               kv_type=kv_type, n_threads=n_threads or target_ctx.params.n_threads)
+        self.ctx = Context(self.model, params, other=target_ctx)
+        self.ctx.set_causal(True)
+        self.n_context = 0  # positions [0, n_context) are in the drafter's cache
+
+    # -- capture on the target side
+
+    @property
+    def capture_slots(self) -> list[int]:
+        return self.spec.capture_slots
+
+    def enable_capture(self) -> None:
+        for s in self.capture_slots:
+            self.target_ctx.set_capture(s)
+
+    def captured_features(self, rows: slice | None = None) -> np.ndarray:
+        """Fused features [T, n_ids * H] of the target's last decode (optionally a row slice)."""
+        parts = [self.target_ctx.capture(s) for s in self.capture_slots]
+        if rows is not None:
+            parts = [p[rows] for p in parts]
+        return fuse_features(parts)
+
+    # -- context
+
+    def inject(self, features: np.ndarray, start_pos: int) -> None:
+        """Append context rows for target positions start_pos .. start_pos + T - 1."""
+        if start_pos != self.n_context:
+            raise LlamaError(f"context injection at position {start_pos}, expected {self.n_context}")
+        n = len(features)
+        for i0 in range(0, n, self.ctx.n_batch):
+            chunk = features[i0:i0 + self.ctx.n_batch]
+            self.ctx.decode_embd(chunk, np.arange(start_pos + i0, start_pos + i0 + len(chunk)))
+        self.n_context += n
+
+    def truncate(self, n_keep: int) -> None:
+        """Drop context positions >= n_keep."""
+        if n_keep < self.n_context:
+            self.ctx.seq_rm(n_keep, -1)
+            self.n_context = n_keep
+
+    # -- drafting
+
+    def block_logits(self, block: list[int], first_row: int = 0) -> np.ndarray:
+        """Logits of rows first_row.. of a block decoded at position n_context; the block's
+        own K/V are removed afterwards, so only context stays cached."""
+        if not 1 <= len(block) <= self.spec.block_size:
+            raise LlamaError(f"block of {len(block)} tokens outside 1..{self.spec.block_size}")
+        pos0 = self.n_context
+        rows = np.zeros(len(block), dtype=bool)
+        rows[first_row:] = True
+        self.ctx.decode(block, np.arange(pos0, pos0 + len(block)), logits=rows)
+        try:
+            return self.ctx.logits_rows(range(first_row, len(block)))
+        finally:
+            self.ctx.seq_rm(pos0, -1)
+
+    def draft_logits(self, bonus: int, n_draft: int) -> np.ndarray:
+        """Logits [n_draft, vocab] for the block [bonus, MASK * n_draft]; row 0, which
+        re-predicts the bonus, is not computed."""
+        if not 1 <= n_draft <= self.spec.max_draft:
+            raise LlamaError(f"n_draft {n_draft} outside 1..{self.spec.max_draft}")
+        return self.block_logits([bonus] + [self.spec.mask_token_id] * n_draft, first_row=1)
+
+    def draft(self, bonus: int, n_draft: int) -> list[int]:
+        return [int(t) for t in self.draft_logits(bonus, n_draft).argmax(axis=1)]
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+    def __enter__(self) -> "Drafter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
