@@ -131,6 +131,11 @@ class Model:
     def token_text(self, token: int) -> str:
         return ll.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace")
 
+    def special_text(self, which: str) -> str:
+        """Text of the bos/eos token ('' when the vocabulary has none)."""
+        tok = {"bos": ll.llama_vocab_bos, "eos": ll.llama_vocab_eos}[which](self.vocab)
+        return self.token_text(tok) if tok >= 0 else ""
+
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self.vocab, token))
 

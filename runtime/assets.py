@@ -1,0 +1,61 @@
+"""The bundled demo pair (laguna-tiny) and prompt files, and where converted copies are cached."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from convert.errors import UserError
+
+PACKAGE = Path(__file__).resolve().parent
+REPO = PACKAGE.parent
+TINY_DIR = PACKAGE / "assets" / "laguna-tiny"
+TINY_TARGET = TINY_DIR / "Laguna-Tiny-target-Q8_0.gguf"
+TINY_DRAFTER_HF = TINY_DIR / "Laguna-Tiny-DFlash"
+PROMPTS_DIR = REPO / "scripts" / "prompts"
+CODE_PROMPTS = PROMPTS_DIR / "code.txt"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LAGUNA_DFLASH_CACHE", Path.home() / ".cache" / "laguna-dflash"))
+
+
+def converted_tiny_drafter(outtype: str = "q8_0") -> Path:
+    """The shipped HF drafter converted with laguna-gguf convert, once per checkpoint content."""
+    import hashlib
+
+    from convert import converter
+    from convert.target import read_target
+
+    h = hashlib.sha256()
+    for f in sorted(TINY_DRAFTER_HF.glob("*")):
+        h.update(f.name.encode() + f.read_bytes())
+    out = cache_dir() / "demo" / f"Laguna-Tiny-DFlash-{outtype}-{h.hexdigest()[:12]}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        converter.convert(TINY_DRAFTER_HF, read_target(TINY_TARGET), out, converter.OutType(outtype))
+    return out
+
+
+def default_pair(drafter: Path | None) -> tuple[Path, Path | None]:
+    if not TINY_TARGET.exists():
+        raise UserError(f"{TINY_TARGET}: the bundled demo target is missing; give -m TARGET.gguf")
+    return TINY_TARGET, drafter or converted_tiny_drafter()
+
+
+def read_prompts(path: Path) -> list[str]:
+    """Prompts separated by lines holding only '---'."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such prompt file")
+    prompts, cur = [], []
+    for line in path.read_text().splitlines(keepends=True):
+        if line.strip() == "---":
+            prompts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(line)
+    prompts.append("".join(cur))
+    prompts = [p.rstrip("\n") for p in prompts if p.strip()]
+    if not prompts:
+        raise UserError(f"{path}: no prompts (separate them with lines holding only ---)")
+    return prompts

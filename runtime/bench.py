@@ -1,0 +1,83 @@
+"""Benchmarks measured in one process: plain decoding and each draft depth on the same prompts.
+
+Runs are interleaved (prompt by prompt, every depth in turn, repeated) so that the machine's
+noise falls on every configuration alike; speedups are ratios to plain decoding measured in the
+same run. Greedy outputs are compared with plain decoding on the way: ``exact`` says whether
+every speculative output equalled it token for token.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .engine import Engine, GenerateOptions
+
+
+def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n_predict: int,
+              repeats: int = 1, console: Console | None = None) -> dict:
+    configs = [0] + [d for d in depths if d != 0]
+    tokens = defaultdict(int)
+    seconds = defaultdict(float)
+    rounds = defaultdict(int)
+    accepted = defaultdict(int)
+    drafted = defaultdict(int)
+    exact = defaultdict(lambda: True)
+    depth_rounds: dict = defaultdict(lambda: defaultdict(int))
+    total = repeats * sum(len(p) for p in prompt_sets.values()) * len(configs)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task("bench", total=total)
+        for _ in range(repeats):
+            for content, prompts in prompt_sets.items():
+                for prompt in prompts:
+                    plain = None
+                    for depth in configs:
+                        progress.update(task, description=f"{content} n_max={depth}")
+                        res = engine.generate(prompt, GenerateOptions(n_predict=n_predict, n_max=depth))
+                        key = (content, str(depth))
+                        s = res.stats
+                        tokens[key] += s.n_generated
+                        seconds[key] += s.t_total
+                        if depth != 0:
+                            rounds[key] += s.rounds
+                            accepted[key] += s.accepted
+                            drafted[key] += s.drafted
+                            for k, v in s.depth_rounds.items():
+                                depth_rounds[key][k] += v
+                        if plain is None:
+                            plain = res.tokens
+                        elif res.tokens != plain:
+                            exact[key] = False
+                        progress.advance(task)
+    rows = []
+    for content in prompt_sets:
+        base = tokens[(content, "0")] / seconds[(content, "0")]
+        for depth in configs:
+            key = (content, str(depth))
+            tps = tokens[key] / seconds[key] if seconds[key] else 0.0
+            row = {"content": content, "n_max": depth, "tokens_per_s": tps, "speedup": tps / base if base else 0.0,
+                   "tokens": tokens[key], "seconds": seconds[key]}
+            if depth != 0:
+                row.update(mean_accepted=accepted[key] / rounds[key] if rounds[key] else 0.0,
+                           acceptance_rate=accepted[key] / drafted[key] if drafted[key] else 0.0,
+                           exact=exact[key], rounds=rounds[key],
+                           depth_rounds={str(k): v for k, v in sorted(depth_rounds[key].items())})
+            rows.append(row)
+    return {"rows": rows, "n_predict": n_predict, "repeats": repeats,
+            "prompts": {k: len(v) for k, v in prompt_sets.items()}}
+
+
+def bench_table(result: dict) -> Table:
+    t = Table(title="laguna-run bench (greedy; speedup vs plain decoding in the same process)",
+              title_justify="left")
+    for col in ("content", "n_max", "tokens/s", "speedup", "mean accepted", "exact"):
+        t.add_column(col, justify="left" if col == "content" else "right")
+    for r in result["rows"]:
+        t.add_row(r["content"], str(r["n_max"]), f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x",
+                  f"{r['mean_accepted']:.2f}" if "mean_accepted" in r else "-",
+                  ("yes" if r["exact"] else "NO") if "exact" in r else "-")
+    return t

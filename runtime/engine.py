@@ -1,0 +1,371 @@
+"""The speculative engine: a target context, a drafter context, and the round loop of SPEC §4.
+
+    engine = Engine.load("target.gguf", "drafter.gguf")
+    result = engine.generate("def fib(n):", GenerateOptions(n_predict=64, n_max=4))
+    for piece in engine.stream("def fib(n):", GenerateOptions(n_max=4)): print(piece, end="")
+
+One round: draft ``k`` tokens in one drafter pass over ``[bonus, MASK*k]``; verify
+``[bonus, d_1..d_k]`` in one target pass with logits on every row; accept while the target's
+own choice (argmax, or a sample from the user's sampler) equals the draft; the first
+disagreement, or the row after the last draft, gives the next bonus. Then the rejected rows
+leave the target's KV cache and only the accepted rows' captured states enter the drafter's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .drafter import Drafter
+from .llama import Context, ContextParams, LlamaError, Model
+from .pair import read_target
+from .sampling import Sampler, SamplingParams
+from .tuner import DepthPolicy, FixedDepth
+
+
+@dataclass
+class EngineConfig:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int = 0
+    n_gpu_layers: int = 0
+    n_gpu_layers_draft: int = 0
+    kv_type: str = "f16"
+    verbose: bool = False
+
+
+@dataclass
+class GenerateOptions:
+    n_predict: int = 256
+    n_max: int | str = 4  # draft depth; 0 = plain decoding; "auto" = tuned online
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    add_bos: bool = True
+    trace: Callable[[dict], None] | None = None  # called with one dict per round
+
+
+@dataclass
+class Stats:
+    n_prompt: int = 0
+    n_generated: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # per draft position: how often drafted
+    accepted_at: list[int] = field(default_factory=list)  # ... and how often accepted
+    depth_rounds: dict[int, int] = field(default_factory=dict)
+    t_prefill: float = 0.0
+    t_draft: float = 0.0
+    t_verify: float = 0.0
+    t_total: float = 0.0  # generation only (after prefill)
+
+    @property
+    def mean_accepted(self) -> float:
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_generated / self.t_total if self.t_total > 0 else 0.0
+
+    @property
+    def t_host(self) -> float:
+        return max(0.0, self.t_total - self.t_draft - self.t_verify)
+
+    def record_round(self, depth: int, n_accepted: int) -> None:
+        self.rounds += 1
+        self.depth_rounds[depth] = self.depth_rounds.get(depth, 0) + 1
+        if depth == 0:
+            return
+        self.drafted += depth
+        self.accepted += n_accepted
+        while len(self.drafted_at) < depth:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(depth):
+            self.drafted_at[i] += 1
+            if i < n_accepted:
+                self.accepted_at[i] += 1
+
+    def as_dict(self) -> dict:
+        return {
+            "n_prompt": self.n_prompt, "n_generated": self.n_generated, "rounds": self.rounds,
+            "drafted": self.drafted, "accepted": self.accepted,
+            "mean_accepted_per_round": self.mean_accepted,
+            "acceptance_by_position": self.acceptance_by_position,
+            "depth_rounds": {str(k): v for k, v in sorted(self.depth_rounds.items())},
+            "tokens_per_s": self.tokens_per_s,
+            "time_s": {"prefill": self.t_prefill, "generate": self.t_total, "draft": self.t_draft,
+                       "verify": self.t_verify, "host": self.t_host},
+        }
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    text: str
+    stats: Stats
+    stop_reason: str
+
+
+class Engine:
+    """A loaded target (and optional drafter) ready to generate."""
+
+    def __init__(self, target: Model, drafter_path=None, config: EngineConfig | None = None,
+                 max_depth: int | None = None) -> None:
+        self.config = cfg = config or EngineConfig()
+        self.target = target
+        self.target_spec = read_target(target.path)
+        draft_spec = None
+        if drafter_path is not None:
+            from .pair import check_pair, read_drafter
+
+            draft_spec = read_drafter(drafter_path)
+            check_pair(draft_spec, self.target_spec)
+        deepest = max_depth if max_depth is not None else (draft_spec.max_draft if draft_spec else 0)
+        # A verify pass must be one ubatch, or the sliding-window cache may evict cells that a
+        # rollback makes visible again; keep the whole window when it could be split.
+        swa_full = draft_spec is not None and cfg.n_ubatch < deepest + 1
+        self.ctx = Context(target, ContextParams(
+            n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch, kv_type=cfg.kv_type,
+            n_threads=cfg.n_threads, swa_full=swa_full))
+        self.last_stats: Stats | None = None
+        self.last_stop_reason: str | None = None
+        self.drafter: Drafter | None = None
+        if draft_spec is not None:
+            self.drafter = Drafter(drafter_path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
+                                   kv_type=cfg.kv_type, n_threads=cfg.n_threads, spec=draft_spec,
+                                   check_target=False)
+            self.drafter.enable_capture()
+
+    @classmethod
+    def load(cls, target_path, drafter_path=None, config: EngineConfig | None = None) -> "Engine":
+        cfg = config or EngineConfig()
+        from .llama import set_verbose
+
+        set_verbose(cfg.verbose)
+        return cls(Model(target_path, n_gpu_layers=cfg.n_gpu_layers), drafter_path, cfg)
+
+    # ------------------------------------------------------------------ helpers
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.target.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def _set_capture(self, enable: bool) -> None:
+        if self.drafter is not None:
+            for slot in self.drafter.capture_slots:
+                self.ctx.set_capture(slot, enable)
+
+    def reset(self) -> None:
+        self.ctx.clear()
+        if self.drafter is not None:
+            self.drafter.ctx.clear()
+            self.drafter.n_context = 0
+
+    def _policy(self, n_max: int | str) -> DepthPolicy:
+        if isinstance(n_max, DepthPolicy):
+            return n_max
+        if n_max == "auto":
+            from .tuner import AutoDepth
+
+            if self.drafter is None:
+                return FixedDepth(0)
+            return AutoDepth(self.drafter.spec.max_draft)
+        depth = int(n_max)
+        if depth < 0:
+            raise ValueError(f"n_max: expected >= 0 or 'auto', found {depth}")
+        if depth > 0 and self.drafter is None:
+            raise ValueError("n_max > 0 needs a drafter (-md)")
+        if self.drafter is not None and depth > self.drafter.spec.max_draft:
+            raise ValueError(f"n_max: expected <= {self.drafter.spec.max_draft} (block_size - 1), found {depth}")
+        return FixedDepth(depth)
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, prompt: str | list[int], options: GenerateOptions | None = None) -> GenerationResult:
+        tokens: list[int] = []
+        gen = self._run(prompt, options or GenerateOptions(), tokens)
+        stop_reason = "length"
+        try:
+            while True:
+                next(gen)
+        except StopIteration as e:
+            stats, stop_reason = e.value
+        text = self.detokenize(tokens)
+        if stop_reason == "stop":
+            text = text[:min((text.find(s) for s in (options or GenerateOptions()).stop if s in text), default=len(text))]
+        return GenerationResult(tokens=tokens, text=text, stats=stats, stop_reason=stop_reason)
+
+    def stream(self, prompt: str | list[int], options: GenerateOptions | None = None) -> Iterator[str]:
+        """Text pieces as tokens are accepted (a whole accepted run at a time)."""
+        tokens: list[int] = []
+        pending = b""
+        for new in self._run(prompt, options or GenerateOptions(), tokens):
+            pending += b"".join(self.target.token_bytes(t) for t in new)
+            text, pending = _split_utf8(pending)
+            if text:
+                yield text
+        if pending:
+            yield pending.decode("utf-8", errors="replace")
+
+    def _run(self, prompt, opts: GenerateOptions, out: list[int]):
+        """Generator: yields each round's newly emitted tokens; returns (stats, stop_reason)."""
+        prompt_tokens = self.tokenize(prompt, opts.add_bos) if isinstance(prompt, str) else list(prompt)
+        if not prompt_tokens:
+            raise ValueError("empty prompt")
+        if len(prompt_tokens) + opts.n_predict + 16 > self.ctx.n_ctx:
+            raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + n_predict ({opts.n_predict}) "
+                             f"exceeds the context size {self.ctx.n_ctx}; raise -c")
+        policy = self._policy(opts.n_max)
+        sampler = Sampler(opts.sampling)
+        # a fixed depth of 0 is plain decoding: no capture, no drafter bookkeeping
+        drafter = None if isinstance(policy, FixedDepth) and policy.depth == 0 else self.drafter
+        self._set_capture(drafter is not None)
+        stats = Stats(n_prompt=len(prompt_tokens))
+        self.reset()
+
+        # ---- prefill, injecting each chunk's captured rows into the drafter
+        t0 = time.perf_counter()
+        n_batch = self.ctx.n_batch
+        for i0 in range(0, len(prompt_tokens), n_batch):
+            chunk = prompt_tokens[i0:i0 + n_batch]
+            self.ctx.decode(chunk, np.arange(i0, i0 + len(chunk)), logits="last")
+            if drafter is not None:
+                drafter.inject(drafter.captured_features(), i0)
+        history = list(prompt_tokens)
+        bonus = sampler.sample(self.ctx.logits_row(len(chunk) - 1), history)
+        stats.t_prefill = time.perf_counter() - t0
+
+        t_start = time.perf_counter()
+        n_past = len(prompt_tokens)  # target KV holds positions [0, n_past)
+        pending: list[np.ndarray] = []  # captured rows not yet in the drafter (plain steps)
+        emitted = [bonus]
+        stop_reason = "length"
+        while True:
+            # ---- emit what the last round produced, up to the first stop condition
+            n_keep, reason = self._stop_check(out, emitted, opts)
+            kept = emitted[:n_keep]
+            out.extend(kept)
+            history.extend(kept)
+            if kept:
+                yield kept
+            if reason is not None:
+                stop_reason = reason
+                break
+
+            remaining = opts.n_predict - len(out)
+            depth = min(policy.choose(), remaining - 1, self.ctx.n_ctx - n_past - 2)
+            if drafter is None:
+                depth = 0
+            if depth <= 0:
+                # ---- plain step
+                t1 = time.perf_counter()
+                self.ctx.decode([bonus], [n_past], logits="last")
+                t2 = time.perf_counter()
+                if drafter is not None:
+                    pending.append(drafter.captured_features())
+                nxt = sampler.sample(self.ctx.logits_row(0), history)
+                stats.t_verify += t2 - t1
+                policy.observe(0, 0, 0.0, t2 - t1)
+                stats.record_round(0, 0)
+                if opts.trace:
+                    opts.trace({"round": stats.rounds, "pos": n_past, "depth": 0, "bonus": int(bonus),
+                                "drafted": [], "accepted": 0, "next": int(nxt), "n_past": n_past + 1})
+                n_past += 1
+                emitted = [nxt]
+                bonus = nxt
+                continue
+
+            # ---- draft
+            t1 = time.perf_counter()
+            if pending:
+                drafter.inject(np.concatenate(pending), drafter.n_context)
+                pending.clear()
+            drafts = drafter.draft(bonus, depth)
+            t2 = time.perf_counter()
+            # ---- verify
+            block = [bonus] + drafts
+            self.ctx.decode(block, np.arange(n_past, n_past + len(block)), logits="all")
+            logits = self.ctx.logits_rows(range(len(block)))
+            t3 = time.perf_counter()
+            n_acc = 0
+            nxt = -1
+            for i in range(len(block)):
+                tok = sampler.sample(logits[i], history + drafts[:i])
+                if i < depth and tok == drafts[i]:
+                    n_acc += 1
+                    continue
+                nxt = tok
+                break
+            # ---- roll back: keep bonus + accepted drafts in the target, feed their rows to the drafter
+            keep = n_past + 1 + n_acc
+            self.ctx.seq_rm(keep, -1)
+            feats = drafter.captured_features(slice(0, 1 + n_acc))
+            drafter.inject(feats, n_past)
+            t4 = time.perf_counter()
+            stats.t_draft += (t2 - t1) + (t4 - t3)
+            stats.t_verify += t3 - t2
+            policy.observe(depth, n_acc, t2 - t1, t3 - t2)
+            stats.record_round(depth, n_acc)
+            if opts.trace:
+                opts.trace({"round": stats.rounds, "pos": n_past, "depth": depth, "bonus": int(bonus),
+                            "drafted": [int(d) for d in drafts], "accepted": n_acc, "next": int(nxt),
+                            "n_past": keep})
+            n_past = keep
+            emitted = drafts[:n_acc] + [nxt]
+            bonus = nxt
+
+        stats.t_total = time.perf_counter() - t_start
+        stats.n_generated = len(out)
+        self.last_stats, self.last_stop_reason = stats, stop_reason
+        return stats, stop_reason
+
+    def _stop_check(self, out: list[int], emitted: list[int], opts: GenerateOptions) -> tuple[int, str | None]:
+        """How many of this round's tokens to keep, and why generation stops (None: it goes on).
+        An end-of-generation token is dropped; a stop string ends generation with the token
+        that completes it (the text is cut at the string by generate())."""
+        tail = b"".join(self.target.token_bytes(t) for t in out[-16:]) if opts.stop else b""
+        for j, tok in enumerate(emitted):
+            if self.target.is_eog(tok):
+                return j, "eog"
+            if opts.stop:
+                tail += self.target.token_bytes(tok)
+                text = tail.decode("utf-8", errors="ignore")
+                if any(s in text for s in opts.stop):
+                    return j + 1, "stop"
+            if len(out) + j + 1 >= opts.n_predict:
+                return j + 1, "length"
+        return len(emitted), None
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+            self.drafter = None
+        self.ctx.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _split_utf8(data: bytes) -> tuple[str, bytes]:
+    """Decode the longest complete UTF-8 prefix; return it and the incomplete remainder."""
+    for cut in range(len(data), max(-1, len(data) - 4), -1):
+        try:
+            return data[:cut].decode("utf-8"), data[cut:]
+        except UnicodeDecodeError:
+            continue
+    return data.decode("utf-8", errors="replace"), b""

@@ -1,0 +1,179 @@
+"""laguna-run's engine on the tiny f32 pair: greedy exactness, forced accept lengths with
+rollback checks, the output distribution of sampling, stops, and refused pairs."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convert import converter, synthetic
+from convert.target import read_target as read_target_info
+from runtime.cli import main as cli_main
+from runtime.engine import Engine, EngineConfig, GenerateOptions
+from runtime.llama import Model
+from runtime.sampling import SamplingParams
+
+WINDOW = 24
+
+
+def make_drafter(tmp: Path, name: str, target_gguf: Path, **kw) -> Path:
+    args = dict(hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, intermediate=96,
+                target_layer_ids=(0, 2, 5), num_target_layers=6, vocab_size=512, sliding_window=WINDOW,
+                dtype="f32", seed=11)
+    args.update(kw)
+    hf = synthetic.write_drafter(tmp / name, **args)
+    out = tmp / f"{name}.gguf"
+    converter.convert(hf, read_target_info(target_gguf), out, converter.OutType.F32)
+    return out
+
+
+@pytest.fixture(scope="module")
+def drafter_gguf(tmp_path_factory, tiny_target):
+    return make_drafter(tmp_path_factory.mktemp("engine"), "d", tiny_target["gguf"])
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    with Model(tiny_target["gguf"]) as m:
+        yield m
+
+
+def engine_for(target, drafter, n_ubatch=512):
+    return Engine(target, drafter, EngineConfig(n_ctx=1024, n_batch=512, n_ubatch=n_ubatch, kv_type="f32"))
+
+
+PROMPT = [int(t) for t in np.random.default_rng(5).integers(16, 512, size=3 * WINDOW)]  # longer than the window
+
+
+@pytest.mark.parametrize("n_ubatch", [7, 512])
+def test_greedy_speculative_equals_plain_greedy(target, drafter_gguf, n_ubatch):
+    with engine_for(target, drafter_gguf, n_ubatch) as eng:
+        plain = eng.generate(PROMPT, GenerateOptions(n_predict=48, n_max=0))
+        assert plain.stats.n_generated == 48
+        for depth in (1, 2, 4, 8, 15):
+            spec = eng.generate(PROMPT, GenerateOptions(n_predict=48, n_max=depth))
+            assert spec.tokens == plain.tokens, f"n_max {depth}, n_ubatch {n_ubatch}"
+            assert spec.stats.drafted > 0
+
+
+class Oracle:
+    """Proposes the known greedy continuation, wrong at a chosen index, cycling through accept
+    lengths 0, 1, 2 and full; records what it forced."""
+
+    def __init__(self, engine: Engine, reference: list[int], n_prompt: int, schedule=(0, 1, 2, None)):
+        self.engine, self.ref, self.n_prompt, self.schedule = engine, reference, n_prompt, schedule
+        self.forced: list[int] = []
+        self.real_draft = engine.drafter.draft
+
+    def __call__(self, bonus: int, depth: int) -> list[int]:
+        self.real_draft(bonus, depth)  # exercise the real drafter's cache handling too
+        n_past = self.engine.drafter.n_context  # position of the bonus
+        start = n_past - self.n_prompt + 1  # index in the generated tokens of the first draft
+        want = self.ref[start:start + depth]
+        wrong_at = self.schedule[len(self.forced) % len(self.schedule)]
+        drafts = list(want) + [0] * (depth - len(want))
+        if wrong_at is not None and wrong_at < depth:
+            drafts[wrong_at] = (drafts[wrong_at] + 1) % 512
+            self.forced.append(wrong_at)
+        else:
+            self.forced.append(depth)
+        return drafts
+
+
+def test_forced_accept_lengths_keep_output_exact_and_caches_consistent(target, drafter_gguf):
+    with engine_for(target, drafter_gguf) as eng:
+        ref = eng.generate(PROMPT, GenerateOptions(n_predict=60, n_max=0)).tokens
+        oracle = Oracle(eng, ref, len(PROMPT))
+        eng.drafter.draft = oracle
+        rounds = []
+
+        def check(r):
+            # after each round: the target keeps exactly [0, n_past), the drafter the same context
+            assert eng.ctx.pos_max() == r["n_past"] - 1
+            if r["depth"] > 0:  # plain steps (only at the very end here) inject lazily
+                assert eng.drafter.n_context == r["n_past"]
+                assert eng.drafter.ctx.pos_max() == r["n_past"] - 1
+                rounds.append(r["accepted"])
+
+        out = eng.generate(PROMPT, GenerateOptions(n_predict=60, n_max=4, trace=check))
+        assert out.tokens == ref
+        assert rounds == oracle.forced[:len(rounds)]
+        assert {0, 1, 2, 4} <= set(rounds)
+
+
+def test_sampling_distribution_matches_plain_decoding(target, drafter_gguf):
+    """With temperature 1 (top-k 2, so that the greedy drafts are often accepted), token
+    frequencies at n_max 4 must match plain sampling: a two-sample chi-square test per position
+    at p = 0.001 (critical value for the degrees of freedom of the categories seen)."""
+    n_runs, n_tok = 300, 4
+    params = dict(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)
+    prompt = PROMPT[:12]
+    counts = {0: [Counter() for _ in range(n_tok)], 4: [Counter() for _ in range(n_tok)]}
+    with engine_for(target, drafter_gguf) as eng:
+        greedy = eng.generate(prompt, GenerateOptions(n_predict=8, n_max=0)).tokens
+
+        def propose(bonus, depth):
+            # the greedy continuation after the bonus's position, wherever sampling went
+            start = eng.drafter.n_context - len(prompt) + 1
+            return (greedy[start:] + [0] * 16)[:depth]
+        eng.drafter.draft = propose
+        accepted = 0
+        for depth in (0, 4):
+            for seed in range(n_runs):
+                res = eng.generate(prompt, GenerateOptions(n_predict=n_tok, n_max=depth,
+                                                           sampling=SamplingParams(seed=seed, **params)))
+                for i, tok in enumerate(res.tokens):
+                    counts[depth][i][tok] += 1
+                accepted += res.stats.accepted
+    # at least one accepted draft per four runs, or the speculative path would barely be tested
+    assert accepted > n_runs // 4, "the drafts were hardly ever accepted: the test would be vacuous"
+    for i in range(n_tok):
+        a, b = counts[0][i], counts[4][i]
+        cats = sorted(set(a) | set(b))
+        stat = 0.0
+        for c in cats:
+            ea = (a[c] + b[c]) / 2
+            stat += (a[c] - ea) ** 2 / ea + (b[c] - ea) ** 2 / ea
+        df = max(1, len(cats) - 1)
+        # Wilson-Hilferty approximation of the chi-square quantile at p = 0.001 (z = 3.09)
+        crit = df * (1 - 2 / (9 * df) + 3.09 * math.sqrt(2 / (9 * df))) ** 3
+        assert stat < crit, f"position {i}: chi2 {stat:.1f} >= {crit:.1f} ({a} vs {b})"
+
+
+def test_stops_on_stop_string_and_token_limit(target, drafter_gguf):
+    with engine_for(target, drafter_gguf) as eng:
+        full = eng.generate(PROMPT, GenerateOptions(n_predict=40, n_max=4))
+        assert full.stop_reason == "length" and len(full.tokens) == 40
+        piece = full.text[10:14]
+        stopped = eng.generate(PROMPT, GenerateOptions(n_predict=40, n_max=4, stop=(piece,)))
+        assert stopped.stop_reason == "stop"
+        assert stopped.text == full.text[:full.text.find(piece)]
+        assert stopped.tokens == full.tokens[:len(stopped.tokens)]
+
+
+def test_stream_yields_the_same_text(target, drafter_gguf):
+    with engine_for(target, drafter_gguf) as eng:
+        whole = eng.generate(PROMPT, GenerateOptions(n_predict=30, n_max=4)).text
+        assert "".join(eng.stream(PROMPT, GenerateOptions(n_predict=30, n_max=4))) == whole
+
+
+@pytest.mark.parametrize("kind", ["hidden", "layers", "vocab"])
+def test_mismatched_pair_is_refused_with_exit_code_2(tmp_path, tiny_target, kind, capsys):
+    fake = {"hidden": dict(n_layer=6, hidden=96, vocab_size=512),
+            "layers": dict(n_layer=12, hidden=64, vocab_size=512),
+            "vocab": dict(n_layer=6, hidden=64, vocab_size=320)}[kind]
+    drafter_kw = {"hidden": dict(hidden=96),
+                  "layers": dict(target_layer_ids=(0, 5, 11), num_target_layers=12),
+                  "vocab": dict(vocab_size=320)}[kind]
+    other = synthetic.write_target_gguf(tmp_path / "other.gguf", **fake)
+    bad = make_drafter(tmp_path, f"bad-{kind}", other, **drafter_kw)
+    code = cli_main(["-m", str(tiny_target["gguf"]), "-md", str(bad), "-p", "x", "-n", "4"])
+    captured = capsys.readouterr()
+    assert code == 2
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and str(bad) in lines[0]
+    assert {"hidden": "embedding_length", "layers": "target_layer_ids", "vocab": "tokenizer.ggml.tokens"}[kind] in lines[0]
