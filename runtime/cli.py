@@ -210,18 +210,28 @@ def bench(
     device: DeviceOpt = "auto",
     draft_device: DraftDeviceOpt = None,
     force_placement: ForceOpt = False,
+    sweep: Annotated[bool, typer.Option("--sweep", help="Content kinds (code, table, prose) x depths 1,2,4,8,15,auto (overridable with --prompts / --n-max).")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here.")] = None,
+    png: Annotated[Optional[Path], typer.Option("--png", help="Draw the speedups as a PNG chart here.")] = None,
     verbose: VerboseOpt = False,
 ) -> None:
     """Tokens/s of plain decoding and of each draft depth, measured in one process (greedy)."""
-    from .bench import run_bench
+    from .bench import SWEEP_CONTENT, SWEEP_DEPTHS, plot, run_bench
 
     if model is None:
         model, model_draft = assets.default_pair(model_draft)
     if model_draft is None:
         raise UserError("bench compares speculative decoding with plain decoding: give a drafter with -md")
-    depths = [parse_depth(d.strip()) for d in n_max.split(",") if d.strip()]
-    files = prompts or [assets.CODE_PROMPTS]
+    if sweep and n_max == "4":
+        depths = list(SWEEP_DEPTHS)
+    else:
+        depths = [parse_depth(d.strip()) for d in n_max.split(",") if d.strip()]
+    if prompts:
+        files = prompts
+    elif sweep:
+        files = [assets.PROMPTS_DIR / f"{c}.txt" for c in SWEEP_CONTENT]
+    else:
+        files = [assets.CODE_PROMPTS]
     engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
                                 n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose)
     with engine:
@@ -235,6 +245,9 @@ def bench(
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
         err.print(f"wrote {json_out}")
+    if png:
+        plot(result, png)
+        err.print(f"wrote {png}")
 
 
 def _invoke(app: typer.Typer, args: list[str]) -> int:

@@ -42,7 +42,7 @@ class EngineConfig:
 @dataclass
 class GenerateOptions:
     n_predict: int = 256
-    n_max: int | str = 4  # draft depth; 0 = plain decoding; "auto" = tuned online
+    n_max: int | str | DepthPolicy = 4  # draft depth; 0 = plain decoding; "auto" = tuned online
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: tuple[str, ...] = ()
     add_bos: bool = True
@@ -63,6 +63,8 @@ class Stats:
     t_draft: float = 0.0
     t_verify: float = 0.0
     t_total: float = 0.0  # generation only (after prefill)
+    t_policy: float = 0.0  # the depth policy's own bookkeeping
+    policy: dict = field(default_factory=dict)
 
     @property
     def mean_accepted(self) -> float:
@@ -104,7 +106,8 @@ class Stats:
             "depth_rounds": {str(k): v for k, v in sorted(self.depth_rounds.items())},
             "tokens_per_s": self.tokens_per_s,
             "time_s": {"prefill": self.t_prefill, "generate": self.t_total, "draft": self.t_draft,
-                       "verify": self.t_verify, "host": self.t_host},
+                       "verify": self.t_verify, "host": self.t_host, "policy": self.t_policy},
+            "policy": self.policy,
         }
 
 
@@ -137,6 +140,7 @@ class Engine:
         self.ctx = Context(target, ContextParams(
             n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch, kv_type=cfg.kv_type,
             n_threads=cfg.n_threads, swa_full=swa_full))
+        self._auto = None
         self.last_stats: Stats | None = None
         self.last_stop_reason: str | None = None
         self.drafter: Drafter | None = None
@@ -181,7 +185,10 @@ class Engine:
 
             if self.drafter is None:
                 return FixedDepth(0)
-            return AutoDepth(self.drafter.spec.max_draft)
+            # one tuner per engine: what it learnt about costs carries over to the next prompt
+            if self._auto is None:
+                self._auto = AutoDepth(self.drafter.spec.max_draft)
+            return self._auto
         depth = int(n_max)
         if depth < 0:
             raise ValueError(f"n_max: expected >= 0 or 'auto', found {depth}")
@@ -264,8 +271,10 @@ class Engine:
                 stop_reason = reason
                 break
 
+            t0 = tp = time.perf_counter()
             remaining = opts.n_predict - len(out)
             depth = min(policy.choose(), remaining - 1, self.ctx.n_ctx - n_past - 2)
+            stats.t_policy += time.perf_counter() - tp
             if drafter is None:
                 depth = 0
             if depth <= 0:
@@ -277,11 +286,14 @@ class Engine:
                     pending.append(drafter.captured_features())
                 nxt = sampler.sample(self.ctx.logits_row(0), history)
                 stats.t_verify += t2 - t1
-                policy.observe(0, 0, 0.0, t2 - t1)
+                tp = time.perf_counter()
+                policy.observe(0, 0, tp - t0)
+                stats.t_policy += time.perf_counter() - tp
                 stats.record_round(0, 0)
                 if opts.trace:
                     opts.trace({"round": stats.rounds, "pos": n_past, "depth": 0, "bonus": int(bonus),
-                                "drafted": [], "accepted": 0, "next": int(nxt), "n_past": n_past + 1})
+                                "drafted": [], "accepted": 0, "next": int(nxt), "n_past": n_past + 1,
+                                **policy.decision()})
                 n_past += 1
                 emitted = [nxt]
                 bonus = nxt
@@ -316,18 +328,21 @@ class Engine:
             t4 = time.perf_counter()
             stats.t_draft += (t2 - t1) + (t4 - t3)
             stats.t_verify += t3 - t2
-            policy.observe(depth, n_acc, t2 - t1, t3 - t2)
+            tp = time.perf_counter()
+            policy.observe(depth, n_acc, tp - t0)
+            stats.t_policy += time.perf_counter() - tp
             stats.record_round(depth, n_acc)
             if opts.trace:
                 opts.trace({"round": stats.rounds, "pos": n_past, "depth": depth, "bonus": int(bonus),
                             "drafted": [int(d) for d in drafts], "accepted": n_acc, "next": int(nxt),
-                            "n_past": keep})
+                            "n_past": keep, **policy.decision()})
             n_past = keep
             emitted = drafts[:n_acc] + [nxt]
             bonus = nxt
 
         stats.t_total = time.perf_counter() - t_start
         stats.n_generated = len(out)
+        stats.policy = policy.describe()
         self.last_stats, self.last_stop_reason = stats, stop_reason
         return stats, stop_reason
 

@@ -71,8 +71,48 @@ def series() -> list[Path]:
 def build_flags(cuda: bool, cuda_arch: str) -> list[str]:
     flags = ["-DLLAVA_BUILD=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
     if cuda:
-        flags += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}"]
+        flags += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}", *cublas_flags(), *driver_flags()]
     return flags
+
+
+def driver_flags() -> list[str]:
+    """ggml-cuda links libcuda (the driver). Where no driver or toolkit stub is installed (a
+    build-only machine), link against an empty stub with the driver's soname: the symbols
+    resolve at run time from the real driver of the machine that loads the wheel."""
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    candidates = [home / "lib64" / "stubs" / "libcuda.so", Path("/usr/lib/x86_64-linux-gnu/libcuda.so")]
+    if any(p.exists() for p in candidates):
+        return []
+    stub = cache_root() / "cuda-stub" / "libcuda.so"
+    if not stub.exists():
+        stub.parent.mkdir(parents=True, exist_ok=True)
+        src = stub.with_suffix(".c")
+        src.write_text("/* empty: a link-time stand-in for the CUDA driver */\n")
+        subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub), str(src)], check=True)
+    return [f"-DCUDA_cuda_driver_LIBRARY={stub}"]
+
+
+def cublas_flags() -> list[str]:
+    """ggml-cuda links cuBLAS. A toolkit without it (nvcc alone) gets NVIDIA's PyPI wheel of it."""
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    if any((home / d / "libcublas.so").exists() for d in ("lib64", "lib")):
+        return []
+    root = cache_root() / "cublas"
+    lib, inc = root / "nvidia" / "cu13" / "lib", root / "nvidia" / "cu13" / "include"
+    if not (lib / "libcublas.so").exists():
+        log("no cuBLAS in the CUDA toolkit; fetching nvidia-cublas 13 from PyPI")
+        dl = root / "download"
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "nvidia-cublas==13.*",
+                        "-d", str(dl)], check=True)
+        import zipfile
+
+        with zipfile.ZipFile(next(dl.glob("*.whl"))) as z:
+            z.extractall(root)
+        for name in ("libcublas", "libcublasLt"):
+            (lib / f"{name}.so").unlink(missing_ok=True)
+            (lib / f"{name}.so").symlink_to(f"{name}.so.13")
+    return [f"-DCUDA_cublas_LIBRARY={lib / 'libcublas.so'}", f"-DCUDA_cublasLt_LIBRARY={lib / 'libcublasLt.so'}",
+            f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}"]
 
 
 def cache_key(patches: list[Path], flags: list[str]) -> str:

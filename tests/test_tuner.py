@@ -1,0 +1,110 @@
+"""The depth tuner against a simulated pair whose acceptance and costs are known exactly."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from runtime.tuner import AutoDepth, FixedDepth
+
+MAX_DEPTH = 15
+
+
+class SimPair:
+    """Per-position conditional acceptance a_i and round cost c(k) = base + per_row * (k + 1)
+    (+ draft_cost for k >= 1); depth 0 costs one decode step."""
+
+    def __init__(self, accept, step=1.0, per_row=0.08, draft=0.35, seed=0):
+        self.accept, self.step, self.per_row, self.draft = accept, step, per_row, draft
+        self.rng = random.Random(seed)
+
+    def cost(self, k: int) -> float:
+        return self.step if k == 0 else self.step + self.per_row * (k + 1) + self.draft
+
+    def play(self, k: int) -> tuple[int, float]:
+        n = 0
+        while n < k and self.rng.random() < self.accept(n + 1):
+            n += 1
+        return n, self.cost(k)
+
+    def expected_rate(self, k: int) -> float:
+        e, p = 1.0, 1.0
+        for i in range(1, k + 1):
+            p *= self.accept(i)
+            e += p
+        return e / self.cost(k)
+
+    def best_rate(self) -> float:
+        return max(self.expected_rate(k) for k in range(MAX_DEPTH + 1))
+
+
+def run(policy, pair: SimPair, rounds: int) -> tuple[float, list[int]]:
+    tokens, time, chosen = 0, 0.0, []
+    for _ in range(rounds):
+        k = policy.choose()
+        acc, t = pair.play(k)
+        policy.observe(k, acc, t)
+        tokens += acc + 1
+        time += t
+        chosen.append(k)
+    return tokens / time, chosen
+
+
+CODE = lambda i: 0.9 if i <= 3 else 0.6  # noqa: E731  (like published code acceptance)
+PROSE = lambda i: 0.15  # noqa: E731  (every depth loses)
+
+
+def test_auto_reaches_95_percent_of_the_best_fixed_depth_on_code():
+    pair = SimPair(CODE)
+    rate, _ = run(AutoDepth(MAX_DEPTH), pair, 400)
+    assert rate >= 0.95 * pair.best_rate()
+
+
+def test_auto_settles_within_64_rounds():
+    pair = SimPair(CODE, seed=1)
+    best = max(range(MAX_DEPTH + 1), key=pair.expected_rate)
+    tuner = AutoDepth(MAX_DEPTH)
+    _, chosen = run(tuner, pair, 64)
+    near = [k for k in range(MAX_DEPTH + 1) if pair.expected_rate(k) >= 0.97 * pair.expected_rate(best)]
+    assert tuner.best in near, (tuner.best, near)
+
+
+def test_auto_stays_at_plain_decoding_when_every_depth_loses():
+    pair = SimPair(PROSE, seed=2)
+    assert max(pair.expected_rate(k) for k in range(1, MAX_DEPTH + 1)) < pair.expected_rate(0)
+    rate, chosen = run(AutoDepth(MAX_DEPTH), pair, 600)
+    assert rate >= 0.97 * pair.expected_rate(0)
+    assert chosen[-100:].count(0) >= 90
+
+
+def test_auto_follows_a_change_of_content():
+    pair = SimPair(CODE, seed=3)
+    tuner = AutoDepth(MAX_DEPTH)
+    run(tuner, pair, 150)
+    assert tuner.best >= 2
+    pair.accept = PROSE
+    run(tuner, pair, 150)
+    assert tuner.best == 0
+    pair.accept = CODE
+    run(tuner, pair, 200)
+    assert tuner.best >= 2
+
+
+def test_fixed_depth_is_fixed():
+    p = FixedDepth(3)
+    assert {p.choose() for _ in range(10)} == {3}
+
+
+def test_best_depth_follows_the_cost_of_verify_rows():
+    """Cheap verify rows (a CPU-bound target at small batch) favour deeper drafts than costly
+    ones; either way the tuner ends within 5% of the best fixed depth's throughput."""
+    chosen = {}
+    for per_row in (0.02, 0.25):
+        pair = SimPair(lambda i: 0.9, per_row=per_row, seed=4)
+        tuner = AutoDepth(MAX_DEPTH)
+        rate, _ = run(tuner, pair, 300)
+        assert rate >= 0.93 * pair.best_rate()
+        assert pair.expected_rate(tuner.best) >= 0.95 * pair.best_rate()
+        chosen[per_row] = tuner.best
+    assert chosen[0.02] > chosen[0.25]
