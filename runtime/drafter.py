@@ -65,6 +65,18 @@ class Drafter:
             self.ctx.decode_embd(chunk, np.arange(start_pos + i0, start_pos + i0 + len(chunk)))
         self.n_context += n
 
+    def inject_visible(self, features: np.ndarray, start_pos: int, next_query: int) -> None:
+        """Like inject, but rows that no query at or after ``next_query`` can see through the
+        sliding window (position <= next_query - window) are skipped, not computed."""
+        first_visible = next_query - self.spec.sliding_window + 1
+        skip = min(len(features), max(0, first_visible - start_pos))
+        if skip:
+            if start_pos != self.n_context:
+                raise LlamaError(f"context injection at position {start_pos}, expected {self.n_context}")
+            self.n_context += skip
+        if skip < len(features):
+            self.inject(features[skip:], start_pos + skip)
+
     def truncate(self, n_keep: int) -> None:
         """Drop context positions >= n_keep."""
         if n_keep < self.n_context:

@@ -249,7 +249,8 @@ class Engine:
             chunk = prompt_tokens[i0:i0 + n_batch]
             self.ctx.decode(chunk, np.arange(i0, i0 + len(chunk)), logits="last")
             if drafter is not None:
-                drafter.inject(drafter.captured_features(), i0)
+                # only the last window of the prompt is visible to the first draft
+                drafter.inject_visible(drafter.captured_features(), i0, len(prompt_tokens))
         history = list(prompt_tokens)
         bonus = sampler.sample(self.ctx.logits_row(len(chunk) - 1), history)
         stats.t_prefill = time.perf_counter() - t0
@@ -302,7 +303,7 @@ class Engine:
             # ---- draft
             t1 = time.perf_counter()
             if pending:
-                drafter.inject(np.concatenate(pending), drafter.n_context)
+                drafter.inject_visible(np.concatenate(pending), drafter.n_context, n_past)
                 pending.clear()
             drafts = drafter.draft(bonus, depth)
             t2 = time.perf_counter()

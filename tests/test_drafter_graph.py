@@ -262,3 +262,17 @@ def test_layer_ids_beyond_the_target_fail_at_context_creation(drafter_files, tar
     with target_ctx(target_model) as tctx, Model(bad) as m:
         with pytest.raises(LlamaError, match="could not create a context"):
             Context(m, ContextParams(n_ctx=256), other=tctx)
+
+
+def test_rows_outside_every_future_window_can_be_skipped(target_model, drafter_files):
+    """inject_visible skips context rows no later query can see: same logits as injecting all."""
+    tokens = prompt(100, seed=6)
+    whole, _ = llama_block(target_model, drafter_files["f32"], tokens, BLOCK)
+    with target_ctx(target_model) as tctx, Drafter(drafter_files["f32"], tctx, kv_type="f32") as d:
+        d.enable_capture()
+        tctx.decode(tokens, np.arange(len(tokens)), logits="last")
+        d.inject_visible(d.captured_features(), 0, len(tokens))
+        assert d.n_context == len(tokens)
+        assert d.ctx.pos_max() == len(tokens) - 1
+        skipped = d.block_logits(BLOCK)
+    np.testing.assert_allclose(skipped, whole, atol=TOL, rtol=0)
