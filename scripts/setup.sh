@@ -18,6 +18,8 @@ quiet() { "$@" 2>&1 | grep -v -e '^WARNING: Location' -e '^\s*$' || true; }
 # build requirements of the llama-cpp-python sdist (built without isolation, so the cache key is ours)
 quiet "$VPY" -m pip install -q "scikit-build-core>=0.9.2" numpy
 "$VPY" scripts/build_wheel.py ${LAGUNA_CUDA:+--cuda}
+# the wheel goes in with --no-deps (so a rebuild never reinstalls numpy); its own needs:
+quiet "$VPY" -m pip install -q "typing-extensions>=4.5.0" "diskcache>=5.6.1" "jinja2>=2.11.3"
 if [[ $want_test == 1 ]]; then
     # the CPU torch wheel on local disk; a bare `torch` would pull a multi-GB CUDA build
     quiet "$VPY" -m pip install -q "torch==2.13.0"
