@@ -252,7 +252,7 @@ class Engine:
                 # only the last window of the prompt is visible to the first draft
                 drafter.inject_visible(drafter.captured_features(), i0, len(prompt_tokens))
         history = list(prompt_tokens)
-        bonus = sampler.sample(self.ctx.logits_row(len(chunk) - 1), history)
+        bonus = sampler.sample(self.ctx.logits_view(len(chunk) - 1), history)
         stats.t_prefill = time.perf_counter() - t0
 
         t_start = time.perf_counter()
@@ -285,7 +285,7 @@ class Engine:
                 t2 = time.perf_counter()
                 if drafter is not None:
                     pending.append(drafter.captured_features())
-                nxt = sampler.sample(self.ctx.logits_row(0), history)
+                nxt = sampler.sample(self.ctx.logits_view(0), history[-sampler.history_len:] if sampler.history_len else ())
                 stats.t_verify += t2 - t1
                 tp = time.perf_counter()
                 policy.observe(0, 0, tp - t0)
@@ -310,24 +310,25 @@ class Engine:
             # ---- verify
             block = [bonus] + drafts
             self.ctx.decode(block, np.arange(n_past, n_past + len(block)), logits="all")
-            logits = self.ctx.logits_rows(range(len(block)))
             t3 = time.perf_counter()
+            # ---- accept: the target's own choice at each row, until it disagrees
+            recent = history[-sampler.history_len:] if sampler.history_len else history[:0]
             n_acc = 0
             nxt = -1
             for i in range(len(block)):
-                tok = sampler.sample(logits[i], history + drafts[:i])
+                tok = sampler.sample(self.ctx.logits_view(i), recent + drafts[:i] if sampler.history_len else ())
                 if i < depth and tok == drafts[i]:
                     n_acc += 1
                     continue
                 nxt = tok
                 break
+            t4 = time.perf_counter()
             # ---- roll back: keep bonus + accepted drafts in the target, feed their rows to the drafter
             keep = n_past + 1 + n_acc
             self.ctx.seq_rm(keep, -1)
-            feats = drafter.captured_features(slice(0, 1 + n_acc))
-            drafter.inject(feats, n_past)
-            t4 = time.perf_counter()
-            stats.t_draft += (t2 - t1) + (t4 - t3)
+            drafter.inject(drafter.captured_features(slice(0, 1 + n_acc)), n_past)
+            t5 = time.perf_counter()
+            stats.t_draft += (t2 - t1) + (t5 - t4)
             stats.t_verify += t3 - t2
             tp = time.perf_counter()
             policy.observe(depth, n_acc, tp - t0)

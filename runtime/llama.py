@@ -279,10 +279,14 @@ class Context:
 
     def logits_row(self, i: int) -> np.ndarray:
         """Logits of batch row i of the last decode (a copy)."""
+        return self.logits_view(i).copy()
+
+    def logits_view(self, i: int) -> np.ndarray:
+        """Logits of batch row i of the last decode, without a copy: valid until the next decode."""
         ptr = ll.llama_get_logits_ith(self.ptr, i)
         if not ptr:
             raise LlamaError(f"no logits for row {i} of the last batch")
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
 
     def logits_rows(self, rows) -> np.ndarray:
         return np.stack([self.logits_row(int(i)) for i in rows])

@@ -22,7 +22,7 @@ class SamplingParams:
     top_p: float = 0.95  # >= 1: off
     min_p: float = 0.05  # <= 0: off
     repeat_penalty: float = 1.0  # 1: off
-    repeat_last_n: int = 64
+    repeat_last_n: int = 64  # -1: the whole history, 0: off
     seed: int | None = None
 
     @property
@@ -41,12 +41,15 @@ class Sampler:
         params.validate()
         self.params = params
         self.rng = np.random.default_rng(params.seed)
+        #: how many previous tokens ``sample`` looks at (0: it ignores history)
+        penalized = params.repeat_penalty != 1.0 and params.repeat_last_n != 0
+        self.history_len = (params.repeat_last_n if params.repeat_last_n > 0 else 1 << 30) if penalized else 0
 
     def _penalize(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         p = self.params
-        if p.repeat_penalty == 1.0 or p.repeat_last_n == 0 or not history:
+        if not self.history_len or not len(history):
             return logits
-        recent = np.unique(np.asarray(history[-p.repeat_last_n:], dtype=np.int64))
+        recent = np.unique(np.asarray(list(history)[-self.history_len:], dtype=np.int64))
         out = logits.copy()
         vals = out[recent]
         out[recent] = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
@@ -55,6 +58,8 @@ class Sampler:
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """One token from a row of logits; history is every token before it (for penalties)."""
         p = self.params
+        if p.greedy and not self.history_len:
+            return int(np.argmax(logits))  # the hot path: no copy, no widening
         logits = self._penalize(np.asarray(logits, dtype=np.float64), history)
         if p.greedy:
             return int(np.argmax(logits))
