@@ -6,7 +6,8 @@
     .venv/bin/python scripts/bench_cost_model.py --from-json RUN.json --png out.png   # re-analyse only
 
 What it builds (under ``$LAGUNA_DFLASH_CACHE/costmodel``, default ``~/.cache/laguna-dflash/costmodel``,
-about 7.5 GB, skipped when present; the first build takes about 7 minutes on 2 cores):
+6.8 GB, plus 7.7 GB for a moment while the F16 file exists; skipped when present; the first build
+takes about 7.5 minutes on 2 cores and is deterministic for a given ``--seed``):
 
 * a random-weight Laguna target GGUF with XS 2.1's real widths (hidden 2048, vocabulary 100352,
   head_dim 128, 8 KV heads, 48 query heads on full-attention layers and 64 on sliding ones,
