@@ -1,0 +1,83 @@
+"""The shipped laguna-tiny pair: complete and small, accepted at >= 2 tokens per round, and the
+torch training model agrees with the numpy reference on its weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from convert import converter
+from convert.target import read_target
+from runtime import assets
+from runtime.engine import Engine, EngineConfig, GenerateOptions
+from runtime.llama import Model
+
+PROMPTS = assets.read_prompts(assets.CODE_PROMPTS)
+
+
+def test_shipped_pair_is_complete_and_small():
+    files = [assets.TINY_TARGET, *sorted(assets.TINY_DRAFTER_HF.glob("*"))]
+    names = {f.name for f in files}
+    assert {"config.json", "model.safetensors"} <= names
+    assert sum(f.stat().st_size for f in files) <= 40 * 2**20
+    cfg = json.loads((assets.TINY_DRAFTER_HF / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashLagunaForCausalLM"] and cfg["dflash_config"]["causal"] is True
+    assert (assets.TINY_DIR / "README.md").exists()
+    assert len(PROMPTS) >= 10
+
+
+@pytest.fixture(scope="module")
+def drafter_f32(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo") / "tiny-dflash-f32.gguf"
+    converter.convert(assets.TINY_DRAFTER_HF, read_target(assets.TINY_TARGET), out, converter.OutType.F32)
+    return out
+
+
+@pytest.fixture(scope="module")
+def target():
+    with Model(assets.TINY_TARGET) as m:
+        yield m
+
+
+def mean_accepted(target, drafter_path, prompts, n_predict=64) -> tuple[float, list[list[int]]]:
+    rounds = accepted = 0
+    outputs = []
+    with Engine(target, drafter_path, EngineConfig(n_ctx=2048)) as eng:
+        for p in prompts:
+            res = eng.generate(p, GenerateOptions(n_predict=n_predict, n_max=4))
+            rounds += res.stats.rounds
+            accepted += res.stats.accepted
+            outputs.append(res.tokens)
+    return accepted / rounds, outputs
+
+
+def test_trained_drafter_reaches_two_accepted_tokens_per_round(target, drafter_f32):
+    good, _ = mean_accepted(target, drafter_f32, PROMPTS, n_predict=96)
+    assert good >= 2.0, f"mean accepted per round {good:.2f} at n_max 4"
+
+
+def test_torch_training_model_and_numpy_reference_agree_on_the_shipped_weights():
+    torch = pytest.importorskip("torch")
+    from reference.dflash_numpy import DrafterReference, load_drafter
+    from runtime.torch_drafter import LagunaDFlashDrafter
+
+    weights = load_drafter(assets.TINY_DRAFTER_HF)
+    model = LagunaDFlashDrafter.from_pretrained(assets.TINY_DRAFTER_HF, dtype=torch.float64)
+    cfg = weights.config
+    h = cfg.hidden_size
+    rng = np.random.default_rng(0)
+    vocab = cfg.vocab_size
+    embed = rng.normal(size=(vocab, h))
+    head = rng.normal(size=(vocab, h)) / np.sqrt(h)
+    n_ctx, block = 40, [3] + [12] * 7
+    feats = rng.normal(size=(n_ctx, cfg.n_aux * h)) * 3.0
+    ref = DrafterReference(weights, embed, head)
+    ref.add_context(feats, np.arange(n_ctx))
+    want = ref.draft_logits(block, n_ctx)
+    with torch.no_grad():
+        got = model(torch.tensor(feats)[None], torch.arange(n_ctx), torch.tensor(embed[block])[None],
+                    torch.arange(n_ctx, n_ctx + len(block)), torch.tensor(head))[0].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
