@@ -461,7 +461,17 @@ def train_drafter(args, log: Log, target, seqs, feats, plens, out_dir: Path):
     cfg = drafter_config_dict(**DRAFTER_KW, name_or_path="laguna-dflash/Laguna-Tiny-DFlash")
     torch.manual_seed(args.seed + 2)
     drafter = LagunaDFlashDrafter(cfg).float()
-    drafter.reset_parameters(0.02, generator=torch.Generator().manual_seed(args.seed + 2))
+    gen = torch.Generator().manual_seed(args.seed + 2)
+    drafter.reset_parameters(0.02, generator=gen)
+    if args.norm_spread > 0:
+        # The norms that read the target's states (aux norms, each layer's input norm, which also
+        # norms the context) start at log-normal per-channel scales rather than at one, so the
+        # trained weights carry real scale: a runtime that skips them fails visibly instead of
+        # passing by luck (SPEC section 3).
+        with torch.no_grad():
+            for name, prm in drafter.named_parameters():
+                if name.startswith("aux_hidden_norms.") or name.endswith("input_layernorm.weight"):
+                    prm.copy_(torch.exp(args.norm_spread * torch.randn(prm.shape, generator=gen)))
     n_params = sum(p.numel() for p in drafter.parameters())
     log.info(f"drafter: {n_params / 1e6:.2f}M parameters, {DRAFTER_KW['n_layers']} layers, "
              f"target layers {list(DRAFTER_KW['target_layer_ids'])}")
@@ -520,7 +530,7 @@ def train_drafter(args, log: Log, target, seqs, feats, plens, out_dir: Path):
                           f"accepted@4 (train, avg50) {np.mean(accs[-50:]):.2f}")
     log.record["drafter"] = {
         "parameters": n_params, "steps": steps, "sequences": n, "seqs_per_step": S, "anchors_per_seq": A,
-        "train_block": L, "row_decay": args.row_decay,
+        "train_block": L, "row_decay": args.row_decay, "norm_spread": args.norm_spread,
         "final_loss_avg50": round(float(np.mean(losses[-50:])), 4),
         "train_accepted_at4_avg50": round(float(np.mean(accs[-50:])), 3),
     }
@@ -627,7 +637,7 @@ tokens) greedily by {gen} tokens; the residual streams after target layers {ids}
 forward hooks (HF id `t` = the stream after decoder layer `t`). The drafter learns to predict the
 target's *own* greedy continuation: with context rows `0..n-1`, block `[x_n, MASK x {lm1}]` at
 positions `n..`, row `i` predicts `x_(n+i)` (cross-entropy on rows 1..{lm1}, weights decaying by
-{decay} per row since acceptance is a prefix). Embedding and LM head are the target's, frozen.
+{decay} per row since acceptance is a prefix). Embedding and LM head are the target's, frozen.{spread_text}
 {d_steps} steps, AdamW, peak lr {dlr}.
 
 ## Held-out acceptance (torch estimate)
@@ -653,6 +663,14 @@ def _table(rows: dict) -> str:
     out = ["| field | value |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in rows.items()]
     return "\n".join(out)
+
+
+def _spread_text(spread: float) -> str:
+    if not spread:
+        return ""
+    return ("\nThe aux norms and each layer's input norm (which also norms the context) start at log-normal\n"
+            f"per-channel weights (sigma {spread:g}) instead of ones, so that their trained weights carry real\n"
+            "scale and a runtime that skips them loses its acceptance visibly.")
 
 
 def _bench_section(bench: dict | None) -> str:
@@ -738,7 +756,7 @@ def write_card(out: Path, log: Log, args, command: str) -> None:
         aux=TARGET_CONFIG["router_aux_loss_coef"], t_loss=t["final_train_loss_avg20"], t_heldout=t["heldout_loss"],
         unigram=t["unigram_entropy"], drafter_table=drafter_table, n_seqs=d["sequences"], gen=args.gen,
         ids=list(DRAFTER_KW["target_layer_ids"]), lm1=args.train_block - 1, decay=args.row_decay,
-        d_steps=d["steps"], dlr=args.drafter_lr, n_predict=e["n_predict"], n_prompts=e["prompts"],
+        d_steps=d["steps"], dlr=args.drafter_lr, spread_text=_spread_text(getattr(args, "norm_spread", 0.0)), n_predict=e["n_predict"], n_prompts=e["prompts"],
         acc=e["mean_accepted_per_round"], tpr=e["tokens_per_round"], rate=e["acceptance_rate"],
         by_depth=", ".join(f"{a:.2f}" for a in e["accepted_at_depth"]), command=command,
         wall_min=rec.get("wall_seconds_total", 0) / 60, machine=rec["machine"], torch=torch.__version__,
@@ -776,6 +794,8 @@ def main(argv=None) -> int:
     ap.add_argument("--anchors", type=int, default=32, help="draft blocks per sequence per step")
     ap.add_argument("--train-block", type=int, default=8, help="block rows trained (row 0 is the bonus)")
     ap.add_argument("--row-decay", type=float, default=0.8)
+    ap.add_argument("--norm-spread", type=float, default=1.0,
+                    help="log-normal sigma of the initial aux-norm and input-norm weights (0: all ones)")
     ap.add_argument("--n-predict", type=int, default=96, help="tokens per held-out prompt in the estimate")
     ap.add_argument("--reuse-target", action="store_true", help="load the target trained by an earlier run from --work")
     ap.add_argument("--card-only", action="store_true",
@@ -864,12 +884,21 @@ def main(argv=None) -> int:
     ids = list(DRAFTER_KW["target_layer_ids"])
     data_key = f"seed{args.seed}-n{args.drafter_seqs}-g{args.gen}-b{args.gen_batch}"
     data_file = work / f"drafter-data-{data_key}.pt"
+    data_meta = data_file.with_suffix(".json")
+    reused_seconds = 0.0
     if args.reuse_target and data_file.exists():
         seqs, feats, plens = torch.load(data_file, weights_only=False)
+        if data_meta.exists():
+            reused_seconds = json.loads(data_meta.read_text()).get("seconds", 0.0)
         log.info(f"drafter data: reused {data_file}")
     else:
+        t_data = time.time()
         seqs, feats, plens = build_drafter_data(args, log, target, stream, ids)
         torch.save((seqs, feats, plens), data_file)
+        log.record["drafter_data_seconds"] = round(time.time() - t_data, 1)
+        data_meta.write_text(json.dumps({"seconds": log.record["drafter_data_seconds"]}))
+    if reused_seconds:
+        log.record["drafter_data_seconds"] = reused_seconds
     log.info(f"drafter data: {len(seqs)} greedy continuations")
     drafter = train_drafter(args, log, target, seqs, feats, plens, out / DRAFTER_DIR)
     log.save()
@@ -886,7 +915,8 @@ def main(argv=None) -> int:
     sizes["total_mb"] = round((sizes["target_gguf"] + sizes["drafter"]) / 1e6, 2)
     log.record["sizes"] = sizes
     # with --reuse-target: the earlier run's target phase plus this run (= a fresh run's time)
-    log.record["wall_seconds_total"] = round(time.time() - log.t0 + (log.record["target_seconds"] if args.reuse_target else 0), 1)
+    log.record["wall_seconds_total"] = round(
+        time.time() - log.t0 + (log.record["target_seconds"] if args.reuse_target else 0) + reused_seconds, 1)
     if args.bench:
         log.record["bench"] = run_bench(out, log)
     command = "python scripts/train_demo_pair.py" + "".join(
