@@ -4,6 +4,7 @@ torch training model agrees with the numpy reference on its weights."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +43,13 @@ def target():
         yield m
 
 
-def mean_accepted(target, drafter_path, prompts, n_predict=64) -> tuple[float, list[list[int]]]:
+def mean_accepted(target, drafter_path, prompts, n_predict=64, n_max=4,
+                  kv_type="f16") -> tuple[float, list[list[int]]]:
     rounds = accepted = 0
     outputs = []
-    with Engine(target, drafter_path, EngineConfig(n_ctx=2048)) as eng:
+    with Engine(target, drafter_path, EngineConfig(n_ctx=2048, kv_type=kv_type)) as eng:
         for p in prompts:
-            res = eng.generate(p, GenerateOptions(n_predict=n_predict, n_max=4))
+            res = eng.generate(p, GenerateOptions(n_predict=n_predict, n_max=n_max))
             rounds += res.stats.rounds
             accepted += res.stats.accepted
             outputs.append(res.tokens)
@@ -57,6 +59,63 @@ def mean_accepted(target, drafter_path, prompts, n_predict=64) -> tuple[float, l
 def test_trained_drafter_reaches_two_accepted_tokens_per_round(target, drafter_f32):
     good, _ = mean_accepted(target, drafter_f32, PROMPTS, n_predict=96)
     assert good >= 2.0, f"mean accepted per round {good:.2f} at n_max 4"
+
+
+def neutralise(src: Path, dst: Path, pattern: str) -> Path:
+    """Copy a float drafter GGUF with every tensor whose name matches ``pattern`` set to ones:
+    the norm still normalises, but its trained per-channel scale is gone."""
+    import gguf
+
+    r = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
+    hit = 0
+    for t in r.tensors:
+        data = np.array(t.data)
+        if re.fullmatch(pattern, t.name):
+            data, hit = np.ones_like(data), hit + 1
+        w.add_tensor(t.name, data)
+    assert hit, f"no tensor matches {pattern}"
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.fixture(scope="module")
+def trained_f32(target, drafter_f32):
+    """Mean acceptance and outputs of the trained drafter on 8 prompts, F32 KV caches."""
+    return mean_accepted(target, drafter_f32, PROMPTS[:8], kv_type="f32")
+
+
+def test_neutralised_context_attn_norm_halves_acceptance_and_output_stays_exact(target, drafter_f32, trained_f32,
+                                                                                  tmp_path):
+    """A drafter graph that normed the context with the wrong weights would still produce correct
+    text; only its acceptance shows the mistake, and this pair makes it show."""
+    prompts = PROMPTS[:8]
+    good, good_out = trained_f32
+    broken = neutralise(drafter_f32, tmp_path / "broken.gguf", r"blk\.\d+\.attn_norm\.weight")
+    bad, bad_out = mean_accepted(target, broken, prompts, kv_type="f32")
+    _, plain_out = mean_accepted(target, None, prompts, n_max=0, kv_type="f32")
+    assert bad < good / 2, f"attn_norm set to ones: mean accepted {bad:.2f} vs {good:.2f} with the trained norms"
+    assert good_out == plain_out
+    assert bad_out == plain_out
+
+
+def test_neutralised_aux_norms_cost_acceptance(target, drafter_f32, trained_f32, tmp_path):
+    """The tiny target's residual streams have similar scales at every captured layer, so the aux
+    norms matter less here than on a real Laguna (docs/demo-pair.md); their trained per-channel
+    weights still carry a measurable share of the acceptance."""
+    prompts = PROMPTS[:8]
+    good, _ = trained_f32
+    broken = neutralise(drafter_f32, tmp_path / "broken.gguf", r"dflash_aux_hidden_norm\.\d+\.weight")
+    bad, _ = mean_accepted(target, broken, prompts, kv_type="f32")
+    assert bad < 0.95 * good, f"aux norms set to ones: mean accepted {bad:.2f} vs {good:.2f}"
 
 
 def test_torch_training_model_and_numpy_reference_agree_on_the_shipped_weights():
