@@ -40,6 +40,7 @@ NgldOpt = Annotated[Optional[int], typer.Option("-ngld", "--n-gpu-layers-draft",
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto | cpu | cuda. auto: CUDA when this wheel has it and a GPU is present.")]
 DraftDeviceOpt = Annotated[Optional[str], typer.Option("--draft-device", help="Drafter device (default: the target's).")]
 ForceOpt = Annotated[bool, typer.Option("--force-placement", help="Allow a CPU drafter next to a GPU target (it loses at every measured depth).")]
+CacheOpt = Annotated[str, typer.Option("--cache-type", help="KV cache type of both contexts: f16, or f32 for bit-exact greedy comparisons with plain decoding.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")]
 
 
@@ -61,6 +62,8 @@ def _engine(model: Path, draft: Path | None, ctx: int, batch: int, ubatch: int, 
     from .llama import LlamaError
     from .placement import resolve
 
+    if kv_type not in ("f16", "f32"):
+        raise UserError(f"--cache-type: expected f16 or f32, found {kv_type!r}")
     placement = resolve(device, draft_device, ngl, ngld, force)
     cfg = EngineConfig(n_ctx=ctx, n_batch=batch, n_ubatch=min(ubatch, batch), n_threads=threads,
                        n_gpu_layers=placement.n_gpu_layers, n_gpu_layers_draft=placement.n_gpu_layers_draft,
@@ -132,6 +135,7 @@ def run(
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text + stats) instead of streaming.")] = False,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write one JSON line per round to this file.")] = None,
+    cache_type: CacheOpt = "f16",
     verbose: VerboseOpt = False,
 ) -> None:
     """Generate text from a Laguna target, drafting with its DFlash drafter.
@@ -151,7 +155,8 @@ def run(
     from .engine import GenerateOptions
 
     engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
-                                n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose)
+                                n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose,
+                                kv_type=cache_type)
     with engine:
         if chat:
             prompt = _apply_chat(engine, prompt)
@@ -213,6 +218,7 @@ def bench(
     sweep: Annotated[bool, typer.Option("--sweep", help="Content kinds (code, table, prose) x depths 1,2,4,8,15,auto (overridable with --prompts / --n-max).")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here.")] = None,
     png: Annotated[Optional[Path], typer.Option("--png", help="Draw the speedups as a PNG chart here.")] = None,
+    cache_type: CacheOpt = "f16",
     verbose: VerboseOpt = False,
 ) -> None:
     """Tokens/s of plain decoding and of each draft depth, measured in one process (greedy)."""
@@ -233,7 +239,8 @@ def bench(
     else:
         files = [assets.CODE_PROMPTS]
     engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
-                                n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose)
+                                n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose,
+                                kv_type=cache_type)
     with engine:
         result = run_bench(engine, {f.stem: assets.read_prompts(f) for f in files}, depths, n_predict, repeats,
                            console=err)

@@ -52,6 +52,7 @@ def test_auto_depth_decisions_reach_the_trace(pair, tmp_path, capsys):
     (["-p", "x", "--n-max", "two"], "--n-max"),
     (["-p", "x", "-f", "y"], "exactly one"),
     (["-p", "x", "--device", "tpu"], "--device"),
+    (["-p", "x", "--cache-type", "q4_0"], "--cache-type"),
 ])
 def test_user_mistakes_exit_2_with_one_line(pair, capsys, args, needle):
     target, drafter = pair
