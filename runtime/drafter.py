@@ -48,6 +48,14 @@ class Drafter:
 
     def captured_features(self, rows: slice | None = None) -> np.ndarray:
         """Fused features [T, n_ids * H] of the target's last decode (optionally a row slice)."""
+        if rows is None and self.target_ctx.last_n_tokens == 1:
+            # a plain step's single row: each slot's row is one contiguous piece of the output
+            h = self.target_ctx.model.n_embd
+            out = np.empty((1, len(self.capture_slots) * h), dtype=np.float32)
+            flat = out.reshape(-1)
+            for i, s in enumerate(self.capture_slots):
+                self.target_ctx.capture_into(s, flat[i * h:(i + 1) * h].reshape(1, h))
+            return out
         parts = [self.target_ctx.capture(s) for s in self.capture_slots]
         if rows is not None:
             parts = [p[rows] for p in parts]
@@ -73,9 +81,17 @@ class Drafter:
         if skip:
             if start_pos != self.n_context:
                 raise LlamaError(f"context injection at position {start_pos}, expected {self.n_context}")
-            self.n_context += skip
+            self.skip_context(skip)
         if skip < len(features):
             self.inject(features[skip:], start_pos + skip)
+
+    def skip_context(self, n: int) -> None:
+        """Account for n context rows that no future query can see (they are never computed).
+        Every row before them is out of sight too, and llama.cpp wants a sequence's positions
+        without gaps, so the drafter's cache starts over after them."""
+        if n > 0:
+            self.ctx.clear()
+            self.n_context += n
 
     def truncate(self, n_keep: int) -> None:
         """Drop context positions >= n_keep."""

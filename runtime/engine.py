@@ -284,7 +284,13 @@ class Engine:
                 self.ctx.decode([bonus], [n_past], logits="last")
                 t2 = time.perf_counter()
                 if drafter is not None:
-                    pending.append(drafter.captured_features())
+                    if policy.plain_rounds_ahead() < drafter.spec.sliding_window:
+                        pending.append(drafter.captured_features())
+                    else:
+                        # no drafting round comes before this row (and every row before it)
+                        # has slid out of the drafter's window: skip reading it
+                        drafter.skip_context(sum(len(p) for p in pending) + 1)
+                        pending.clear()
                 nxt = sampler.sample(self.ctx.logits_view(0), history[-sampler.history_len:] if sampler.history_len else ())
                 stats.t_verify += t2 - t1
                 tp = time.perf_counter()
@@ -302,9 +308,11 @@ class Engine:
 
             # ---- draft
             t1 = time.perf_counter()
+            t_catchup = 0.0
             if pending:
                 drafter.inject_visible(np.concatenate(pending), drafter.n_context, n_past)
                 pending.clear()
+                t_catchup = time.perf_counter() - t1
             drafts = drafter.draft(bonus, depth)
             t2 = time.perf_counter()
             # ---- verify
@@ -331,7 +339,7 @@ class Engine:
             stats.t_draft += (t2 - t1) + (t5 - t4)
             stats.t_verify += t3 - t2
             tp = time.perf_counter()
-            policy.observe(depth, n_acc, tp - t0)
+            policy.observe(depth, n_acc, tp - t0 - t_catchup, t_catchup)
             stats.t_policy += time.perf_counter() - tp
             stats.record_round(depth, n_acc)
             if opts.trace:

@@ -309,7 +309,27 @@ class Context:
         ptr = bindings.lib().laguna_ext_get_capture(self.ptr, slot)
         if not ptr:
             raise LlamaError(f"capture slot {slot} holds no data yet")
-        return np.ctypeslib.as_array(ptr, shape=(self.last_n_tokens, self.model.n_embd)).copy()
+        out = np.empty((self.last_n_tokens, self.model.n_embd), dtype=np.float32)
+        self._copy_capture(ptr, out)
+        return out
+
+    def capture_into(self, slot: int, out: np.ndarray) -> None:
+        """Copy the first len(out) captured rows of slot into a C-contiguous float32 array
+        [rows, n_embd]; no temporary (this runs once per plain step in --n-max auto)."""
+        if slot not in self._capture_slots:
+            raise LlamaError(f"capture slot {slot} is not enabled")
+        if out.dtype != np.float32 or not out.flags.c_contiguous or out.shape[-1] != self.model.n_embd \
+                or out.size > self.last_n_tokens * self.model.n_embd:
+            raise LlamaError(f"capture_into: expected a C-contiguous float32 [<= {self.last_n_tokens}, "
+                             f"{self.model.n_embd}] array, found {out.dtype} {out.shape}")
+        ptr = bindings.lib().laguna_ext_get_capture(self.ptr, slot)
+        if not ptr:
+            raise LlamaError(f"capture slot {slot} holds no data yet")
+        self._copy_capture(ptr, out)
+
+    @staticmethod
+    def _copy_capture(ptr, out: np.ndarray) -> None:
+        ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
 
     # -- memory
 

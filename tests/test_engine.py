@@ -16,6 +16,7 @@ from runtime.cli import main as cli_main
 from runtime.engine import Engine, EngineConfig, GenerateOptions
 from runtime.llama import Model
 from runtime.sampling import SamplingParams
+from runtime.tuner import DepthPolicy
 
 WINDOW = 24
 
@@ -103,6 +104,37 @@ def test_forced_accept_lengths_keep_output_exact_and_caches_consistent(target, d
         assert out.tokens == ref
         assert rounds == oracle.forced[:len(rounds)]
         assert {0, 1, 2, 4} <= set(rounds)
+
+
+class PlainThenDraft(DepthPolicy):
+    """Plain steps for the first ``n_plain`` rounds, then depth 4; says how many plain rounds
+    remain (``honest``) or never promises any."""
+
+    def __init__(self, n_plain: int, honest: bool):
+        self.n_plain, self.honest, self.r = n_plain, honest, -1
+
+    def choose(self) -> int:
+        self.r += 1
+        return 0 if self.r < self.n_plain else 4
+
+    def plain_rounds_ahead(self) -> int:
+        return max(0, self.n_plain - self.r - 1) if self.honest else 0
+
+
+def test_plain_steps_skip_only_rows_the_drafter_can_no_longer_see(target, drafter_gguf):
+    """When the policy promises a long run of plain steps, their rows are never read nor fed to
+    the drafter; the drafts afterwards must be exactly those of a drafter that got every row."""
+    drafts = {}
+    with engine_for(target, drafter_gguf) as eng:
+        ref = eng.generate(PROMPT, GenerateOptions(n_predict=4 * WINDOW, n_max=0)).tokens
+        for honest in (True, False):
+            seen = []
+            out = eng.generate(PROMPT, GenerateOptions(
+                n_predict=4 * WINDOW, n_max=PlainThenDraft(3 * WINDOW, honest),
+                trace=lambda r: seen.append(r["drafted"]) if r["depth"] else None))
+            assert out.tokens == ref
+            drafts[honest] = seen
+    assert drafts[True] and drafts[True] == drafts[False]
 
 
 def test_sampling_distribution_matches_plain_decoding(target, drafter_gguf):
