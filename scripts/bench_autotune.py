@@ -1,0 +1,252 @@
+"""How close `--n-max auto` comes to the best fixed depth, measured in one process.
+
+    python scripts/bench_autotune.py --json docs/autotune.json --png docs/autotune.png
+
+Three workloads on the bundled laguna-tiny pair (greedy, one engine per drafter):
+
+- ``code``: the held-out code prompts with the shipped drafter (speculation wins);
+- ``prose``: the prose prompts with the shipped drafter (a pair trained on Python only);
+- ``degraded``: the code prompts with a drafter degraded on purpose (its weights mixed with
+  random ones, ``--degrade``), where every fixed depth loses to plain decoding.
+
+For each workload, prompt by prompt and repeat by repeat, every fixed depth 0..15 and ``auto``
+run in turn (interleaved, so the machine's noise falls on all alike). ``auto`` runs with one
+tuner per workload and repeat, fresh at the workload's first prompt and carried across its
+prompts, as one engine serving a stream of requests does. Reported per workload: tokens/s of
+each depth, ``auto`` against the best fixed depth (0 included) and against plain decoding, the
+round from which the tuner's choice stays on a good depth ("settled": every later exploiting
+round uses a depth whose fixed-depth speed is within 5% of the best), and the tuner's own
+bookkeeping as a share of the generation time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+GOOD_FRACTION = 0.95  # a depth within 5% of the best fixed depth counts as a good choice
+
+
+def degraded_drafter(mix: float, seed: int = 0) -> Path:
+    """The shipped drafter with every weight w replaced by (1-mix) w + mix r, where r is random
+    with w's per-tensor spread (norm weights are mixed towards one), converted to Q8_0."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from convert import converter
+    from convert.target import read_target
+    from runtime import assets
+
+    out = assets.cache_dir() / "demo" / f"Laguna-Tiny-DFlash-degraded{mix:g}-s{seed}-q8_0.gguf"
+    src_hash = assets.converted_tiny_drafter().stem.rsplit("-", 1)[-1]
+    out = out.with_name(out.stem + f"-{src_hash}.gguf")
+    if out.exists():
+        return out
+    gen = torch.Generator().manual_seed(seed)
+    weights = load_file(str(assets.TINY_DRAFTER_HF / "model.safetensors"))
+    mixed = {}
+    for name, w in weights.items():
+        w32 = w.float()
+        if "norm" in name:
+            r = torch.ones_like(w32)
+        else:
+            r = torch.randn(w32.shape, generator=gen) * w32.std()
+        mixed[name] = ((1 - mix) * w32 + mix * r).to(w.dtype).contiguous()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp) / "Laguna-Tiny-DFlash-degraded"
+        d.mkdir()
+        shutil.copy(assets.TINY_DRAFTER_HF / "config.json", d / "config.json")
+        save_file(mixed, str(d / "model.safetensors"), metadata={"format": "pt"})
+        out.parent.mkdir(parents=True, exist_ok=True)
+        converter.convert(d, read_target(assets.TINY_TARGET), out, converter.OutType.Q8_0)
+    return out
+
+
+def settle_round(trace: list[dict], good: set[int]) -> int | None:
+    """First round after which every exploiting round uses a good depth (None: never)."""
+    last_bad = -1
+    for r in trace:
+        if r.get("why") == "exploit" and r["depth"] not in good:
+            last_bad = r["round"]
+    if trace and last_bad >= trace[-1]["round"]:
+        return None
+    return last_bad + 1
+
+
+def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, repeats: int, progress, task) -> dict:
+    from runtime.engine import GenerateOptions
+    from runtime.tuner import AutoDepth
+
+    tokens, seconds = defaultdict(int), defaultdict(float)
+    rounds, accepted = defaultdict(int), defaultdict(int)
+    auto_runs = []
+    engine.generate(prompts[0], GenerateOptions(n_predict=8, n_max=0))  # warm-up
+    for rep in range(repeats):
+        tuner = AutoDepth(engine.drafter.spec.max_draft)
+        trace: list[dict] = []
+        t_policy = t_gen = 0.0
+        n_rounds = 0
+        for prompt in prompts:
+            for depth in [*depths, "auto"]:
+                opts = GenerateOptions(n_predict=n_predict, n_max=tuner if depth == "auto" else depth)
+                if depth == "auto":
+                    base = n_rounds
+                    opts.trace = lambda r, base=base: trace.append({**r, "round": base + r["round"]})
+                s = engine.generate(prompt, opts).stats
+                key = str(depth)
+                tokens[key] += s.n_generated
+                seconds[key] += s.t_total
+                rounds[key] += s.rounds
+                accepted[key] += s.accepted
+                if depth == "auto":
+                    n_rounds += s.rounds
+                    t_policy += s.t_policy
+                    t_gen += s.t_total
+                progress.advance(task)
+        auto_runs.append({"trace": trace, "t_policy": t_policy, "t_generate": t_gen, "rounds": n_rounds,
+                          "final": tuner.describe()})
+    tps = {k: tokens[k] / seconds[k] for k in tokens}
+    fixed = {int(k): v for k, v in tps.items() if k != "auto"}
+    best_depth = max(fixed, key=fixed.get)
+    good = {d for d, v in fixed.items() if v >= GOOD_FRACTION * fixed[best_depth]}
+    # depths the tuner may pick but that were not timed fixed: good if both timed neighbours are
+    timed = sorted(fixed)
+    for d in range(max(timed) + 1):
+        if d not in fixed:
+            lo = max(t for t in timed if t < d)
+            hi = min(t for t in timed if t > d)
+            if lo in good and hi in good:
+                good.add(d)
+    settles = [settle_round(run["trace"], good) for run in auto_runs]
+    return {
+        "tokens_per_s": tps,
+        "mean_accepted": {k: accepted[k] / rounds[k] if rounds[k] and k != "0" else 0.0 for k in tokens},
+        "best_fixed_depth": best_depth,
+        "good_depths": sorted(good),
+        "auto_vs_best_fixed": tps["auto"] / fixed[best_depth],
+        "auto_vs_plain": tps["auto"] / fixed[0],
+        "best_fixed_vs_plain": fixed[best_depth] / fixed[0],
+        "settle_round": settles,
+        "auto_rounds": [run["rounds"] for run in auto_runs],
+        "policy_share": sum(r["t_policy"] for r in auto_runs) / sum(r["t_generate"] for r in auto_runs),
+        "policy_us_per_round": 1e6 * sum(r["t_policy"] for r in auto_runs) / max(1, sum(r["rounds"] for r in auto_runs)),
+        "auto_final": [run["final"] for run in auto_runs],
+        "auto_traces": [[{k: r[k] for k in ("round", "depth", "why")} for r in run["trace"]] for run in auto_runs],
+    }
+
+
+def plot(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["workloads"])
+    fig, axes = plt.subplots(2, len(names), figsize=(4.2 * len(names), 6.4), dpi=110, squeeze=False)
+    for j, name in enumerate(names):
+        w = result["workloads"][name]
+        plain = w["tokens_per_s"]["0"]
+        depths = sorted(int(k) for k in w["tokens_per_s"] if k != "auto")
+        ax = axes[0][j]
+        ax.plot(depths, [w["tokens_per_s"][str(d)] / plain for d in depths], "o-", label="fixed depth")
+        ax.axhline(w["tokens_per_s"]["auto"] / plain, color="tab:red", label="auto")
+        ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+        ax.set_title(f"{name}: auto {w['auto_vs_best_fixed']:.2f}x best fixed, {w['auto_vs_plain']:.2f}x plain",
+                     fontsize=9)
+        ax.set_xlabel("n_max")
+        ax.set_ylabel("speedup vs plain decoding")
+        ax.legend(fontsize=7)
+        ax = axes[1][j]
+        tr = w["auto_traces"][0]
+        ax.plot([r["round"] for r in tr], [r["depth"] for r in tr], ".", markersize=2)
+        settle = w["settle_round"][0]
+        if settle is not None:
+            ax.axvline(settle, color="tab:green", linestyle=":", label=f"settled at round {settle}")
+            ax.legend(fontsize=7)
+        ax.set_xlabel("round (first repeat)")
+        ax.set_ylabel("depth chosen by auto")
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n-predict", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--depths", default="0,1,2,3,4,5,6,8,15", help="fixed depths to time (0 always included)")
+    ap.add_argument("--degrade", type=float, default=0.6, help="weight mix of the degraded drafter (0: shipped, 1: random)")
+    ap.add_argument("--workloads", default="code,prose,degraded")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--png", type=Path)
+    args = ap.parse_args(argv)
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from runtime import assets
+    from runtime.engine import Engine, EngineConfig
+    from runtime.llama import Model
+
+    depths = sorted({0, *(int(d) for d in args.depths.split(","))})
+    shipped = assets.converted_tiny_drafter()
+    plan = {
+        "code": (shipped, assets.read_prompts(assets.CODE_PROMPTS)),
+        "prose": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "prose.txt")),
+        "degraded": (None, assets.read_prompts(assets.CODE_PROMPTS)),
+    }
+    plan = {k: plan[k] for k in args.workloads.split(",")}
+    if "degraded" in plan:
+        plan["degraded"] = (degraded_drafter(args.degrade), plan["degraded"][1])
+    result = {"command": "python scripts/bench_autotune.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "n_predict": args.n_predict, "repeats": args.repeats, "degrade": args.degrade, "workloads": {}}
+    console = Console()
+    with Model(assets.TINY_TARGET) as target, Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=True) as progress:
+        for name, (drafter, prompts) in plan.items():
+            task = progress.add_task(name, total=len(prompts) * (len(depths) + 1) * args.repeats)
+            with Engine(target, drafter, EngineConfig(n_ctx=2048, n_threads=args.threads)) as eng:
+                result["workloads"][name] = run_workload(eng, prompts, depths, args.n_predict, args.repeats,
+                                                         progress, task)
+    t = Table(title="--n-max auto vs fixed depths (greedy, one process, interleaved)", title_justify="left")
+    for col in ("workload", "plain tok/s", "best fixed", "best vs plain", "auto vs best", "auto vs plain",
+                "settled at round", "auto rounds", "bookkeeping"):
+        t.add_column(col, justify="right")
+    for name, w in result["workloads"].items():
+        t.add_row(name, f"{w['tokens_per_s']['0']:.1f}", str(w["best_fixed_depth"]), f"{w['best_fixed_vs_plain']:.2f}x",
+                  f"{w['auto_vs_best_fixed']:.3f}", f"{w['auto_vs_plain']:.3f}",
+                  ", ".join("never" if s is None else str(s) for s in w["settle_round"]),
+                  ", ".join(str(r) for r in w["auto_rounds"]),
+                  f"{100 * w['policy_share']:.2f}% ({w['policy_us_per_round']:.0f} us/round)")
+    console.print(t)
+    d = Table(title="tokens/s by depth", title_justify="left")
+    d.add_column("workload")
+    keys = [str(x) for x in depths] + ["auto"]
+    for k in keys:
+        d.add_column(k, justify="right")
+    for name, w in result["workloads"].items():
+        d.add_row(name, *(f"{w['tokens_per_s'][k]:.0f}" for k in keys))
+        d.add_row("  accepted", "-", *(f"{w['mean_accepted'][k]:.2f}" for k in keys[1:]))
+    console.print(d)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+        console.print(f"wrote {args.json}")
+    if args.png:
+        plot(result, args.png)
+        console.print(f"wrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
