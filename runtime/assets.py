@@ -20,17 +20,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LAGUNA_DFLASH_CACHE", Path.home() / ".cache" / "laguna-dflash"))
 
 
-def converted_tiny_drafter(outtype: str = "q8_0") -> Path:
-    """The shipped HF drafter converted with laguna-gguf convert, once per checkpoint content."""
+def tiny_drafter_digest() -> str:
+    """Short digest of the shipped HF drafter's files: names converted copies by content."""
     import hashlib
-
-    from convert import converter
-    from convert.target import read_target
 
     h = hashlib.sha256()
     for f in sorted(TINY_DRAFTER_HF.glob("*")):
         h.update(f.name.encode() + f.read_bytes())
-    out = cache_dir() / "demo" / f"Laguna-Tiny-DFlash-{outtype}-{h.hexdigest()[:12]}.gguf"
+    return h.hexdigest()[:12]
+
+
+def converted_tiny_drafter(outtype: str = "q8_0") -> Path:
+    """The shipped HF drafter converted with laguna-gguf convert, once per checkpoint content."""
+    from convert import converter
+    from convert.target import read_target
+
+    out = cache_dir() / "demo" / f"Laguna-Tiny-DFlash-{outtype}-{tiny_drafter_digest()}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         converter.convert(TINY_DRAFTER_HF, read_target(TINY_TARGET), out, converter.OutType(outtype))

@@ -304,13 +304,8 @@ class Context:
 
     def capture(self, slot: int) -> np.ndarray:
         """Rows [last_n_tokens, n_embd] captured at slot by the last decode (a copy)."""
-        if slot not in self._capture_slots:
-            raise LlamaError(f"capture slot {slot} is not enabled")
-        ptr = bindings.lib().laguna_ext_get_capture(self.ptr, slot)
-        if not ptr:
-            raise LlamaError(f"capture slot {slot} holds no data yet")
         out = np.empty((self.last_n_tokens, self.model.n_embd), dtype=np.float32)
-        self._copy_capture(ptr, out)
+        self.capture_into(slot, out)
         return out
 
     def capture_into(self, slot: int, out: np.ndarray) -> None:
@@ -325,10 +320,6 @@ class Context:
         ptr = bindings.lib().laguna_ext_get_capture(self.ptr, slot)
         if not ptr:
             raise LlamaError(f"capture slot {slot} holds no data yet")
-        self._copy_capture(ptr, out)
-
-    @staticmethod
-    def _copy_capture(ptr, out: np.ndarray) -> None:
         ctypes.memmove(out.ctypes.data, ptr, out.nbytes)
 
     # -- memory

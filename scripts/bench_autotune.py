@@ -45,9 +45,8 @@ def degraded_drafter(mix: float, seed: int = 0) -> Path:
     from convert.target import read_target
     from runtime import assets
 
-    out = assets.cache_dir() / "demo" / f"Laguna-Tiny-DFlash-degraded{mix:g}-s{seed}-q8_0.gguf"
-    src_hash = assets.converted_tiny_drafter().stem.rsplit("-", 1)[-1]
-    out = out.with_name(out.stem + f"-{src_hash}.gguf")
+    out = (assets.cache_dir() / "demo"
+           / f"Laguna-Tiny-DFlash-degraded{mix:g}-s{seed}-q8_0-{assets.tiny_drafter_digest()}.gguf")
     if out.exists():
         return out
     gen = torch.Generator().manual_seed(seed)

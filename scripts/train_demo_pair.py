@@ -53,6 +53,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import tiny_target as tt  # noqa: E402
+from runtime import assets  # noqa: E402
 
 DEFAULT_OUT = REPO / "runtime" / "assets" / "laguna-tiny"
 PROMPTS_FILE = HERE / "prompts" / "code.txt"
@@ -175,18 +176,6 @@ def write_prompts(path: Path) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n---\n".join(p.rstrip("\n") for p in prompts) + "\n")
     return len(prompts)
-
-
-def read_prompts(path: Path) -> list[str]:
-    prompts, cur = [], []
-    for line in path.read_text().splitlines(keepends=True):
-        if line.strip() == "---":
-            prompts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(line)
-    prompts.append("".join(cur))
-    return [p.rstrip("\n") for p in prompts if p.strip()]
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -904,7 +893,7 @@ def main(argv=None) -> int:
     log.save()
 
     # acceptance on the held-out prompts
-    prompts = read_prompts(PROMPTS_FILE)
+    prompts = assets.read_prompts(PROMPTS_FILE)
     est = estimate_acceptance(target, drafter, tok, prompts, ids, args.n_predict)
     log.record["acceptance"] = est
     log.info(f"held-out estimate (n_max 4, {len(prompts)} prompts): mean accepted per round "
