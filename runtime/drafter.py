@@ -35,6 +35,7 @@ class Drafter:
         self.ctx = Context(self.model, params, other=target_ctx)
         self.ctx.set_causal(True)
         self.n_context = 0  # positions [0, n_context) are in the drafter's cache
+        self._cache_empty = True
 
     # -- capture on the target side
 
@@ -68,6 +69,7 @@ class Drafter:
         if start_pos != self.n_context:
             raise LlamaError(f"context injection at position {start_pos}, expected {self.n_context}")
         n = len(features)
+        self._cache_empty = self._cache_empty and n == 0
         for i0 in range(0, n, self.ctx.n_batch):
             chunk = features[i0:i0 + self.ctx.n_batch]
             self.ctx.decode_embd(chunk, np.arange(start_pos + i0, start_pos + i0 + len(chunk)))
@@ -90,8 +92,16 @@ class Drafter:
         Every row before them is out of sight too, and llama.cpp wants a sequence's positions
         without gaps, so the drafter's cache starts over after them."""
         if n > 0:
-            self.ctx.clear()
+            if not self._cache_empty:  # a plain stretch skips rows one at a time: clear once
+                self.ctx.clear()
+                self._cache_empty = True
             self.n_context += n
+
+    def reset(self) -> None:
+        """Forget every context row (a new sequence starts at position 0)."""
+        self.ctx.clear()
+        self.n_context = 0
+        self._cache_empty = True
 
     def truncate(self, n_keep: int) -> None:
         """Drop context positions >= n_keep."""

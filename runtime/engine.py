@@ -174,8 +174,7 @@ class Engine:
     def reset(self) -> None:
         self.ctx.clear()
         if self.drafter is not None:
-            self.drafter.ctx.clear()
-            self.drafter.n_context = 0
+            self.drafter.reset()
 
     def _policy(self, n_max: int | str) -> DepthPolicy:
         if isinstance(n_max, DepthPolicy):
@@ -261,6 +260,9 @@ class Engine:
         emitted = [bonus]
         stop_reason = "length"
         while True:
+            # a round's cost, as the tuner sees it, runs from here to here: emitting and
+            # checking the tokens is part of every round, cheap as it is
+            t_round0 = time.perf_counter()
             # ---- emit what the last round produced, up to the first stop condition
             n_keep, reason = self._stop_check(out, emitted, opts)
             kept = emitted[:n_keep]
@@ -294,7 +296,7 @@ class Engine:
                 nxt = sampler.sample(self.ctx.logits_view(0), history[-sampler.history_len:] if sampler.history_len else ())
                 stats.t_verify += t2 - t1
                 tp = time.perf_counter()
-                policy.observe(0, 0, tp - t0)
+                policy.observe(0, 0, tp - t_round0)
                 stats.t_policy += time.perf_counter() - tp
                 stats.record_round(0, 0)
                 if opts.trace:
@@ -339,7 +341,7 @@ class Engine:
             stats.t_draft += (t2 - t1) + (t5 - t4)
             stats.t_verify += t3 - t2
             tp = time.perf_counter()
-            policy.observe(depth, n_acc, tp - t0 - t_catchup, t_catchup)
+            policy.observe(depth, n_acc, tp - t_round0 - t_catchup, t_catchup)
             stats.t_policy += time.perf_counter() - tp
             stats.record_round(depth, n_acc)
             if opts.trace:
