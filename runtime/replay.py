@@ -1,0 +1,137 @@
+"""Play a depth policy against recorded acceptance and costs instead of a live pair.
+
+A recording (``scripts/record_acceptance.py``) holds, per prompt of a workload, the match length
+L_t of the drafter's proposals at every position t of the greedy output (a round at depth k
+accepts min(k, L_t)), and the pair's round costs on the machine that recorded it. A replay
+walks through the prompts as the engine would (a round at position t with depth k moves on by
+min(k, L_t) + 1 tokens; the depth is capped so a round never passes the end), charges each round
+its cost times a noise factor drawn from the recorded spread (round i of a replay draws the same
+factor whatever the policy, so two policies replayed with one seed meet the same clock), the extra time of a change of depth,
+and the drafter's catch-up after plain steps, and reports the policy's observations exactly as
+the engine does. It is deterministic for a given seed, and fast: a tuner can be judged over many
+prompt orders and noise draws in the time one live benchmark takes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .tuner import DepthPolicy, FixedDepth
+
+
+@dataclass
+class Recording:
+    workloads: dict[str, list[list[int]]]
+    round_s: list[float]
+    depth_change_s: float
+    catchup_per_row_s: float
+    noise_quantiles: list[float]
+    n_predict: int
+    drafter_digest: str = ""
+    window: int = 512
+
+    @classmethod
+    def load(cls, path: Path) -> "Recording":
+        raw = json.loads(Path(path).read_text())
+        c = raw["costs"]
+        return cls(workloads=raw["workloads"], round_s=c["round_s"], depth_change_s=c["depth_change_s"],
+                   catchup_per_row_s=c["catchup_per_row_s"], noise_quantiles=c["noise_quantiles"],
+                   n_predict=raw["n_predict"], drafter_digest=raw.get("drafter_digest", ""))
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.round_s) - 1
+
+
+@dataclass
+class ReplayResult:
+    tokens: int = 0
+    seconds: float = 0.0
+    rounds: int = 0
+    depths: list[int] = field(default_factory=list)  # per round
+    why: list[str] = field(default_factory=list)  # per round: the policy's reason
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: int = 0,
+           noise: bool = True) -> ReplayResult:
+    """Generate ``rec.n_predict`` tokens for each prompt's match lengths, in order, with one policy."""
+    rng = random.Random(seed)
+    q = rec.noise_quantiles
+    res = ReplayResult()
+    last_depth = None
+    for lengths in prompts:
+        n_out, pending = 1, 0  # the prefill's token; plain-step rows the drafter has not read
+        while n_out < rec.n_predict:
+            depth = min(policy.choose(), rec.n_predict - n_out - 1)
+            t = rec.round_s[depth]
+            if noise:
+                # inverse-CDF draw between the recorded quantiles of round time / median
+                u = rng.random() * (len(q) - 1)
+                i = int(u)
+                t *= q[i] + (q[min(i + 1, len(q) - 1)] - q[i]) * (u - i)
+            if last_depth is not None and depth != last_depth:
+                t += rec.depth_change_s
+            catchup = 0.0
+            if depth == 0:
+                accepted = 0
+                pending += 1
+            else:
+                accepted = min(depth, lengths[n_out - 1])
+                catchup = rec.catchup_per_row_s * min(pending, rec.window)
+                pending = 0
+            policy.observe(depth, accepted, t, catchup)
+            res.depths.append(depth)
+            res.why.append(policy.decision().get("why", ""))
+            res.rounds += 1
+            res.seconds += t + catchup
+            n_out += accepted + 1
+            last_depth = depth
+        res.tokens += n_out
+    return res
+
+
+def fixed_rates(rec: Recording, prompts: list[list[int]]) -> dict[int, float]:
+    """Noise-free tokens/s of every fixed depth on these prompts."""
+    return {k: replay(FixedDepth(k), rec, prompts, noise=False).tokens_per_s for k in range(rec.max_depth + 1)}
+
+
+# -- judging a tuner's choices (shared by the replay and the live benchmark)
+
+SETTLE_ROUNDS = 64  # issue 7: the tuner settles within this many rounds
+GOOD_FRACTION = 0.95  # a depth within 5% of the best fixed depth's speed is a good choice
+
+
+def choice_quality(depths: list[int], why: list[str], rate: dict[int, float], start: int = SETTLE_ROUNDS) -> float:
+    """Mean, over the exploiting rounds from ``start`` on, of the chosen depth's fixed-depth speed
+    relative to the best fixed depth's (1.0: every round at the best depth). Depths without a
+    fixed-depth speed take their timed neighbours' interpolation."""
+    best = max(rate.values())
+    known = sorted(rate)
+
+    def speed(d: int) -> float:
+        if d in rate:
+            return rate[d]
+        lo = max(k for k in known if k < d)
+        hi = min(k for k in known if k > d)
+        return rate[lo] + (rate[hi] - rate[lo]) * (d - lo) / (hi - lo)
+
+    picked = [speed(d) / best for r, (d, w) in enumerate(zip(depths, why)) if r >= start and w == "exploit"]
+    return sum(picked) / len(picked) if picked else 0.0
+
+
+def settle_round(depths: list[int], why: list[str], good: set[int]) -> int | None:
+    """Strictly: the first round after which every exploiting round uses a good depth (None:
+    never). A stream of prompts whose best depths differ keeps a content-following tuner from
+    settling by this definition; ``choice_quality`` is the measure that tolerates it."""
+    last_bad = -1
+    for r, (d, w) in enumerate(zip(depths, why)):
+        if w == "exploit" and d not in good:
+            last_bad = r
+    return None if last_bad == len(depths) - 1 else last_bad + 1

@@ -1,0 +1,178 @@
+"""Record what a depth tuner faces on the laguna-tiny pair, so tuners can be replayed offline.
+
+    python scripts/record_acceptance.py --out runtime/assets/laguna-tiny/replay.json
+
+Live benchmarks of ``--n-max auto`` on this 2-core machine move by 2-3% between runs, the size
+of the margins being tuned. A replay removes that noise: the drafter's acceptance is a property
+of the content, not of the clock, so it is recorded once, position by position, and the clock is
+recorded once as a cost table. ``runtime/replay.py`` then plays any depth policy against both.
+
+- **Match lengths**: for every prompt of a workload and every position t of its greedy output,
+  how many of the drafter's 15 proposals from t agree with the target's greedy continuation
+  (the blocks are causal, so a round at depth k accepts min(k, L_t)). The drafter runs inside
+  llama.cpp on the target's captured hidden states, exactly as in a generation.
+- **Costs** (seconds, median of the rounds of fixed-depth generations): one round at each depth
+  0..15; the extra time of a round whose depth differs from the round before (llama.cpp
+  rebuilds its graphs for the new batch shape); the drafter's catch-up per row of plain steps
+  before a drafting round; the spread of round times (the clock's noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from runtime.tuner import DepthPolicy  # noqa: E402
+
+
+class Scripted(DepthPolicy):
+    """Plays a fixed list of depths (the last one repeats) and keeps what each round reported."""
+
+    def __init__(self, schedule: list[int]) -> None:
+        self.schedule, self.log = schedule, []
+
+    def choose(self) -> int:
+        return self.schedule[min(len(self.log), len(self.schedule) - 1)]
+
+    def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0) -> None:
+        self.log.append((depth, accepted, t_round, t_catchup))
+
+
+def match_lengths(engine, prompt: str, n_predict: int) -> list[int]:
+    """L_t for t = 0 .. n_predict - 2: drafts from position t that agree with greedy decoding."""
+    from runtime.engine import GenerateOptions
+
+    greedy = engine.generate(prompt, GenerateOptions(n_predict=n_predict, n_max=0)).tokens
+    prompt_tokens = engine.tokenize(prompt)
+    rows = prompt_tokens + greedy[:-1]  # the last token is never context for a draft
+    engine.reset()
+    engine._set_capture(True)
+    drafter, ctx = engine.drafter, engine.ctx
+    feats = []
+    for i0 in range(0, len(rows), ctx.n_batch):
+        chunk = rows[i0:i0 + ctx.n_batch]
+        ctx.decode(chunk, np.arange(i0, i0 + len(chunk)), logits="last")
+        feats.append(drafter.captured_features())
+    feats = np.concatenate(feats)
+    n_prompt = len(prompt_tokens)
+    drafter.inject(feats[:n_prompt], 0)
+    out = []
+    for t in range(len(greedy) - 1):
+        truth = greedy[t + 1:t + 1 + drafter.spec.max_draft]
+        drafts = drafter.draft(greedy[t], drafter.spec.max_draft)
+        n = 0
+        while n < len(truth) and drafts[n] == truth[n]:
+            n += 1
+        out.append(n)
+        drafter.inject(feats[n_prompt + t:n_prompt + t + 1], n_prompt + t)
+    return out
+
+
+def round_times(engine, prompts: list[str], schedule: list[int], n_predict: int) -> list[list[tuple]]:
+    """Per prompt, (depth, accepted, t_round, t_catchup) of each round of ``schedule``."""
+    from runtime.engine import GenerateOptions
+
+    logs = []
+    for p in prompts:
+        policy = Scripted(schedule)
+        engine.generate(p, GenerateOptions(n_predict=n_predict, n_max=policy))
+        logs.append(policy.log)
+    return logs
+
+
+def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) -> dict:
+    max_depth = engine.drafter.spec.max_draft
+    step, spread = [], []
+    for k in range(max_depth + 1):
+        # rounds after the first two (graph shapes settled); the median is the depth's cost
+        times = [t for log in round_times(engine, prompts, [k], n_predict) for _, _, t, _ in log[2:]]
+        med = statistics.median(times)
+        step.append(med)
+        spread += [t / med for t in times]
+        progress.advance(task)
+    # a change of depth every other round: the first round at the new depth against the second
+    first, second = [], []
+    for k in (1, 2, 4, 8):
+        other = 3 if k != 3 else 5
+        for log in round_times(engine, prompts[:4], [k, k, other, other] * 100, n_predict):
+            for i in range(2, len(log) - 1):
+                d, _, t, _ = log[i]
+                if d == k and log[i - 1][0] != k and log[i + 1][0] == k:
+                    first.append(t - log[i + 1][2])
+        progress.advance(task)
+    # plain stretches of m steps, then a drafting round: the drafter reads the m rows it skipped
+    per_row = []
+    for m in (8, 32, 64):
+        for log in round_times(engine, prompts[:4], ([0] * m + [4, 4]) * 20, n_predict):
+            per_row += [tc / m for d, _, _, tc in log if d == 4 and tc > 0]
+        progress.advance(task)
+    spread.sort()
+    return {
+        "round_s": step,
+        "depth_change_s": statistics.median(first),
+        "catchup_per_row_s": statistics.median(per_row),
+        # quantiles of round time / its depth's median: the replay draws its noise from these
+        "noise_quantiles": [spread[int(q * (len(spread) - 1))] for q in np.linspace(0, 1, 41)],
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--n-predict", type=int, default=96)
+    ap.add_argument("--degrade", type=float, default=0.6)
+    args = ap.parse_args(argv)
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from runtime import assets
+    from runtime.engine import Engine, EngineConfig
+    from runtime.llama import Model
+    from scripts.bench_autotune import degraded_drafter
+
+    shipped = assets.converted_tiny_drafter()
+    code = assets.read_prompts(assets.CODE_PROMPTS)
+    plan = {"code": (shipped, code),
+            "prose": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "prose.txt")),
+            "table": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "table.txt")),
+            "degraded": (degraded_drafter(args.degrade), code)}
+    result = {"command": "python scripts/record_acceptance.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "drafter_digest": assets.tiny_drafter_digest(), "n_predict": args.n_predict,
+              "degrade": args.degrade, "workloads": {}}
+    console = Console()
+    with Model(assets.TINY_TARGET) as target, Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console) as progress:
+        for name, (drafter, prompts) in plan.items():
+            task = progress.add_task(f"match lengths: {name}", total=len(prompts))
+            with Engine(target, drafter, EngineConfig(n_ctx=2048)) as eng:
+                lengths = []
+                for p in prompts:
+                    lengths.append(match_lengths(eng, p, args.n_predict))
+                    progress.advance(task)
+                result["workloads"][name] = lengths
+        with Engine(target, shipped, EngineConfig(n_ctx=2048)) as eng:
+            task = progress.add_task("round costs", total=16 + 4 + 3)
+            result["costs"] = measure_costs(eng, code, args.n_predict, progress, task)
+    args.out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+    c = result["costs"]
+    console.print("round ms by depth: " + " ".join(f"{1e3 * t:.2f}" for t in c["round_s"]))
+    console.print(f"depth change +{1e3 * c['depth_change_s']:.2f} ms; catch-up {1e6 * c['catchup_per_row_s']:.0f} us/row")
+    for name, lengths in result["workloads"].items():
+        flat = [x for row in lengths for x in row]
+        console.print(f"{name}: mean match length {sum(flat) / len(flat):.2f} over {len(flat)} positions")
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

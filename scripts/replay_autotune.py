@@ -1,0 +1,86 @@
+"""Judge `--n-max auto` offline: replay it on the recorded laguna-tiny pair, many times.
+
+    python scripts/replay_autotune.py --recording runtime/assets/laguna-tiny/replay.json --seeds 20
+
+For each workload of the recording and each seed (seed 0: the prompt files' order; others: a
+shuffled order, and every seed its own draw of the clock's noise, the same for every policy), a fresh tuner generates the
+whole stream of prompts; every fixed depth 0..15 is replayed on the same stream with the same
+noise model. Reported: auto against the best fixed depth (mean and worst seed), against plain
+decoding, the quality of its choices from round 64 on (the mean fixed-depth speed of the depths
+it exploited, relative to the best fixed depth), and how often it settled strictly (every
+exploiting round from 64 on at a depth within 5% of the best). ``scripts/bench_autotune.py`` is the live counterpart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+def judge(rec, prompts: list[list[int]], seeds: int, make_policy) -> dict:
+    from runtime.replay import GOOD_FRACTION, choice_quality, replay, settle_round
+    from runtime.tuner import FixedDepth
+
+    ratios, vs_plain, settles, quality = [], [], [], []
+    for seed in range(seeds):
+        order = list(prompts)
+        if seed:
+            random.Random(seed).shuffle(order)
+        fixed = {k: replay(FixedDepth(k), rec, order, seed=seed).tokens_per_s for k in range(rec.max_depth + 1)}
+        best = max(fixed.values())
+        good = {k for k, v in fixed.items() if v >= GOOD_FRACTION * best}
+        r = replay(make_policy(rec.max_depth), rec, order, seed=seed)
+        ratios.append(r.tokens_per_s / best)
+        vs_plain.append(r.tokens_per_s / fixed[0])
+        settles.append(settle_round(r.depths, r.why, good))
+        quality.append(choice_quality(r.depths, r.why, fixed))
+    return {"auto_vs_best_fixed_mean": statistics.mean(ratios), "auto_vs_best_fixed_min": min(ratios),
+            "auto_vs_plain_mean": statistics.mean(vs_plain), "auto_vs_plain_min": min(vs_plain),
+            "settled_by_64": sum(1 for s in settles if s is not None and s <= 64) / len(settles),
+            "choice_quality_after_64_mean": statistics.mean(quality), "choice_quality_after_64_min": min(quality),
+            "settle_rounds": settles, "ratios": ratios}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--recording", type=Path, default=REPO / "runtime/assets/laguna-tiny/replay.json")
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--workloads", default="")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from runtime.replay import Recording
+    from runtime.tuner import AutoDepth
+
+    rec = Recording.load(args.recording)
+    names = args.workloads.split(",") if args.workloads else list(rec.workloads)
+    t = Table(title=f"--n-max auto replayed ({args.seeds} seeds per workload)", title_justify="left")
+    for col in ("workload", "auto vs best (mean)", "worst seed", "auto vs plain (mean)", "worst seed",
+                "choice quality after round 64 (mean)", "worst seed", "strictly settled by round 64"):
+        t.add_column(col, justify="right")
+    out = {}
+    for name in names:
+        j = judge(rec, rec.workloads[name], args.seeds, AutoDepth)
+        out[name] = j
+        t.add_row(name, f"{j['auto_vs_best_fixed_mean']:.3f}", f"{j['auto_vs_best_fixed_min']:.3f}",
+                  f"{j['auto_vs_plain_mean']:.3f}", f"{j['auto_vs_plain_min']:.3f}",
+                  f"{j['choice_quality_after_64_mean']:.3f}", f"{j['choice_quality_after_64_min']:.3f}",
+                  f"{100 * j['settled_by_64']:.0f}% of seeds")
+    Console().print(t)
+    if args.json:
+        args.json.write_text(json.dumps({"command": "python scripts/replay_autotune.py " + " ".join(
+            sys.argv[1:] if argv is None else argv), "workloads": out}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

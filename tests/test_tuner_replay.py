@@ -1,0 +1,99 @@
+"""The depth tuner replayed on the laguna-tiny pair's recorded acceptance and costs.
+
+The recording (``runtime/assets/laguna-tiny/replay.json``, made by
+``scripts/record_acceptance.py``) holds the shipped drafter's match length at every position of
+every prompt's greedy output, and the pair's round costs and timing noise on a CPU. Replays are
+deterministic per seed, so these checks are exact regressions for issue 7's acceptance lines.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from runtime import assets
+from runtime.replay import Recording, choice_quality, replay, settle_round
+from runtime.tuner import AutoDepth, FixedDepth
+
+RECORDING = assets.TINY_DIR / "replay.json"
+SEEDS = 12
+
+
+@pytest.fixture(scope="module")
+def rec() -> Recording:
+    return Recording.load(RECORDING)
+
+
+def streams(rec: Recording, workload: str):
+    """(seed, prompt order): seed 0 keeps the prompt file's order, the others shuffle it."""
+    for seed in range(SEEDS):
+        order = list(rec.workloads[workload])
+        if seed:
+            random.Random(seed).shuffle(order)
+        yield seed, order
+
+
+def judge(rec: Recording, workload: str) -> tuple[list[float], list[float], list[float]]:
+    """Per seed: auto / best fixed depth, auto / plain decoding, choice quality after round 64."""
+    vs_best, vs_plain, quality = [], [], []
+    for seed, order in streams(rec, workload):
+        fixed = {k: replay(FixedDepth(k), rec, order, seed=seed).tokens_per_s for k in range(rec.max_depth + 1)}
+        r = replay(AutoDepth(rec.max_depth), rec, order, seed=seed)
+        vs_best.append(r.tokens_per_s / max(fixed.values()))
+        vs_plain.append(r.tokens_per_s / fixed[0])
+        quality.append(choice_quality(r.depths, r.why, fixed))
+    return vs_best, vs_plain, quality
+
+
+def test_the_recording_is_of_the_shipped_drafter(rec):
+    assert rec.drafter_digest == assets.tiny_drafter_digest(), (
+        "the shipped drafter changed: run python scripts/record_acceptance.py --out " + str(RECORDING))
+    assert set(rec.workloads) >= {"code", "prose", "degraded"}
+    assert len(rec.round_s) == 16 and rec.round_s[0] < rec.round_s[1] < rec.round_s[15]
+
+
+def test_replay_moves_by_accepted_plus_one_and_charges_each_round():
+    rec = Recording(workloads={"w": [[2] * 20]}, round_s=[1.0, 2.0, 3.0, 4.0], depth_change_s=0.5,
+                    catchup_per_row_s=0.25, noise_quantiles=[1.0, 1.0], n_predict=10)
+    r = replay(FixedDepth(3), rec, rec.workloads["w"], noise=False)
+    # one token from the prefill, then rounds of 2 accepted + 1; the last round is capped so it
+    # does not pass n_predict, which changes the depth
+    assert r.tokens == 10 and r.depths == [3, 3, 2]
+    assert r.seconds == pytest.approx(2 * 4.0 + (3.0 + 0.5))
+    policy = iter([0, 0, 2, 2, 2, 2])
+
+    class Script(FixedDepth):
+        def choose(self):
+            return next(policy)
+
+    r = replay(Script(0), rec, rec.workloads["w"], noise=False)
+    # two plain steps, then a drafting round that pays the depth change and two rows of catch-up
+    assert r.depths == [0, 0, 2, 2, 0]
+    assert r.seconds == pytest.approx(1.0 + 1.0 + (3.0 + 0.5 + 2 * 0.25) + 3.0 + (1.0 + 0.5))
+
+
+def test_auto_reaches_95_percent_of_the_best_fixed_depth_on_code(rec):
+    vs_best, _, _ = judge(rec, "code")
+    assert statistics.mean(vs_best) >= 0.95, vs_best
+    assert min(vs_best) >= 0.88, vs_best
+
+
+def test_auto_keeps_97_percent_of_plain_decoding_with_a_degraded_drafter(rec):
+    _, vs_plain, _ = judge(rec, "degraded")
+    assert statistics.mean(vs_plain) >= 0.97, vs_plain
+    assert min(vs_plain) >= 0.95, vs_plain
+
+
+@pytest.mark.parametrize("workload", ["code", "degraded"])
+def test_auto_exploits_good_depths_after_64_rounds(rec, workload):
+    _, _, quality = judge(rec, workload)
+    assert statistics.mean(quality) >= 0.95, quality
+
+
+def test_settle_round_is_strict():
+    why = ["probe"] * 2 + ["exploit"] * 6
+    assert settle_round([2, 4, 1, 3, 3, 3, 3, 3], why, {3}) == 3
+    assert settle_round([2, 4, 3, 3, 3, 3, 3, 1], why, {3}) is None
+    assert choice_quality([2, 4, 1, 3], ["probe", "probe", "exploit", "exploit"], {1: 50.0, 3: 100.0}, start=0) == 0.75
