@@ -7,6 +7,7 @@ accepted, t_round)``; depth 0 is a plain decoding step.
 from __future__ import annotations
 
 
+COST_LINE_WEIGHT = 3.0  # a drafting depth's cost leans on the line through all depths as on 3 rounds
 PRIOR_SHRINK = 0.9  # the prior of draft position i+1 is centred at 0.9 x the estimate at i
 
 
@@ -51,23 +52,34 @@ class AutoDepth(DepthPolicy):
     that every earlier one was (a round is right-censored at its first rejection), and the wall
     time of a round at each depth (depth 0 is a plain decoding step). The expected tokens of a
     round at depth k are E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j; it picks argmax E(k) / cost(k).
-    Evidence decays over about ``memory`` rounds, so a change of content moves the choice;
-    costs of depths not yet timed come from a least-squares line through the timed depths >= 1.
-    It probes a ladder of depths first, then exploits; exploration rounds (a neighbour of the
-    best, or a drafting depth while the best is plain decoding) come at an interval that doubles
-    while they change nothing, up to ``max_explore_every`` rounds, and never more often than
-    keeps their extra time within ``explore_budget`` of the generation time (a drafting round
-    after a run of plain steps also pays for the drafter catching up on the skipped rows; that
-    counts against the budget but not against the depth's cost). A visit is two rounds at the
-    explored depth, and only the second is timed: the first also rebuilds llama.cpp's graphs for
-    the new batch shape. The depth changes only for a ``switch_margin`` better estimate.
+
+    - Acceptance evidence decays over about ``memory`` drafting rounds, so a change of content
+      moves the choice; positions beyond the depths recently drafted fade faster
+      (``unseen_decay``) back to a prior borrowed from the position before.
+    - A depth's cost is the lower median of its last ``cost_window`` timed rounds (a stall of a
+      shared machine moves it by one rank); it leans on the least-squares line through all
+      timed drafting depths as on COST_LINE_WEIGHT rounds, and untimed depths take the line.
+    - It starts by probing ``probe`` (``probe_rounds`` each), then exploits; it changes depth
+      for a ``switch_margin`` better estimate. Plain decoding is the starting point, and leaving
+      it takes twice the margin with acceptance one standard error lower: the evidence about
+      drafting comes from a few visits, and lucky streaks are common.
+    - Exploring visits (``visit_rounds`` rounds, the first untimed: it rebuilds llama.cpp's
+      graphs for the new batch shape) go to a neighbour of the best depth in the order
+      ``explore_turns`` (None: plain decoding), or, while plain decoding is best, to the most
+      promising drafting depth. Their interval doubles from ``min_explore_every`` to
+      ``max_explore_every`` while they change nothing, and stretches so that their extra time
+      stays within ``explore_budget`` of the generation time (from plain decoding a visit also
+      pays the drafter's catch-up on skipped rows and a rebuild each way). While drafting could
+      still beat plain decoding with acceptance one standard error higher, it looks again soon.
+
     Its bookkeeping is a few list passes every ``refit_every`` rounds.
     """
 
     def __init__(self, max_depth: int, probe=(2, 4, 0), probe_rounds: int = 2,
-                 min_explore_every: int = 8, max_explore_every: int = 96, memory: float = 32.0,
+                 min_explore_every: int = 8, max_explore_every: int = 96, memory: float = 48.0,
                  refit_every: int = 8, explore_budget: float = 0.01, max_wait: int = 2048,
-                 switch_margin: float = 0.03, unseen_decay: float = 0.97) -> None:
+                 switch_margin: float = 0.05, unseen_decay: float = 0.97, cost_window: int = 31,
+                 explore_turns=(1, -1, 1, -1, 1, -1, None), visit_rounds: int = 2) -> None:
         self.max_depth = max_depth
         self.ladder = [d for d in probe if d <= max_depth]
         self.probe_rounds = probe_rounds
@@ -82,57 +94,85 @@ class AutoDepth(DepthPolicy):
         self.refit_every = refit_every
         self._next_refit = 0
         self.decay = 1.0 - 1.0 / memory
-        self.cost_beta = 0.2
         # decayed evidence kept at scale 1/w (w shrinks each round) so a round costs O(accepted)
         self._w = 1.0
         self.acc = [0.0] * (max_depth + 1)
         self.reach = [0.0] * (max_depth + 1)
-        self.cost: dict[int, float] = {}  # round wall time per depth (quick to fall, slow to rise)
+        self.cost: dict[int, float] = {}  # median recent round time per depth
+        self.cost_window = cost_window
+        self._times: dict[int, list[float]] = {}  # recent round times per depth (a ring)
+        self._ring_pos: dict[int, int] = {}
+        self._cost_dirty: set[int] = set()
+        self._cost_cache: list[float] | None = None
         self.rounds = 0
-        self.best = self.ladder[0] if self.ladder else 0
+        self.best = 0  # until the evidence clearly says drafting wins (see _refit)
         self.chosen: dict[int, int] = {}
         self._decision = {"policy": "auto", "why": "probe"}
         self._explored = 0
         self._deepest, self._last_forget = 0, 0  # deepest depth since the last _forget_unseen
-        self._visit: int | None = None  # depth of the second round of an exploring visit, if due
+        self.explore_turns = explore_turns
+        self.visit_rounds = visit_rounds
+        self._visit: int | None = None  # depth of the rest of an exploring visit, if due
+        self._visit_left = 0  # rounds of it still to come
+        self._visit_first, self._visit_extra = False, 0.0  # its first round not seen yet; its extra time
         self._timed = True  # whether this round's time says what its depth costs
 
     # -- model
 
-    def acceptance(self) -> list[float]:
+    def acceptance(self, z: float = 0.0) -> list[float]:
         """a_i for i = 1..max_depth. Each position's prior (two pseudo-trials) is centred a little
         below the estimate of the position before it (acceptance tends to fall with depth), so
         positions rarely reached borrow from their neighbour instead of from a constant; a_1's
-        prior is 1/2."""
+        prior is 1/2. ``z``: each estimate moved by z standard errors (z > 0: optimistic)."""
         w, out, a = self._w, [], 0.5 / PRIOR_SHRINK
         for i in range(1, self.max_depth + 1):
-            a = (self.acc[i] * w + 2.0 * PRIOR_SHRINK * a) / (self.reach[i] * w + 2.0)
-            out.append(a)
+            n = self.reach[i] * w + 2.0
+            a = (self.acc[i] * w + 2.0 * PRIOR_SHRINK * a) / n
+            out.append(min(1.0, max(0.0, a + z * (a * (1.0 - a) / n) ** 0.5)) if z else a)
         return out
 
-    def expected_tokens(self) -> list[float]:
+    def expected_tokens(self, z: float = 0.0) -> list[float]:
         out, p = [1.0], 1.0
-        for a in self.acceptance():
+        for a in self.acceptance(z):
             p *= a
             out.append(out[-1] + p)
         return out
 
+    def _update_costs(self) -> None:
+        for d in self._cost_dirty:
+            ring = sorted(self._times[d])
+            n = len(ring)
+            self.cost[d] = ring[(n - 1) // 2]  # the lower median: of two samples, the one not stalled
+        self._cost_dirty.clear()
+
     def cost_estimates(self) -> list[float]:
-        timed = [(k, c) for k, c in self.cost.items() if k > 0]
+        """Round time per depth. A drafting round's time grows about linearly with its depth (one
+        more verify row, one more draft row), so every drafting depth's median also informs a
+        line; a depth's own median counts as ``len(samples)`` points against the line's
+        ``COST_LINE_WEIGHT``, so a depth timed once or twice leans on its neighbours."""
+        self._update_costs()
+        timed = [(k, c, len(self._times[k])) for k, c in self.cost.items() if k > 0]
         slope, mx, my = 0.0, 0.0, float("inf")
         if timed:
-            n = len(timed)
-            mx = sum(k for k, _ in timed) / n
-            my = sum(c for _, c in timed) / n
-            sxx = sum((k - mx) ** 2 for k, _ in timed)
+            n = sum(w for _, _, w in timed)
+            mx = sum(k * w for k, _, w in timed) / n
+            my = sum(c * w for _, c, w in timed) / n
+            sxx = sum(w * (k - mx) ** 2 for k, _, w in timed)
             if sxx > 0:
-                slope = max(0.0, sum((k - mx) * (c - my) for k, c in timed) / sxx)
+                slope = max(0.0, sum(w * (k - mx) * (c - my) for k, c, w in timed) / sxx)
         est = [self.cost.get(0, float("inf"))]
-        est += [self.cost.get(k, my + slope * (k - mx)) for k in range(1, self.max_depth + 1)]
+        for k in range(1, self.max_depth + 1):
+            line = my + slope * (k - mx)
+            if k in self.cost:
+                w = len(self._times[k])
+                line = (w * self.cost[k] + COST_LINE_WEIGHT * line) / (w + COST_LINE_WEIGHT)
+            est.append(line)
         return est
 
-    def throughput(self) -> list[float]:
-        return [e / c if c > 0 else 0.0 for e, c in zip(self.expected_tokens(), self.cost_estimates())]
+    def throughput(self, z: float = 0.0, cost: list[float] | None = None) -> list[float]:
+        """Expected tokens per second at each depth (acceptance moved by z standard errors)."""
+        cost = cost or self.cost_estimates()
+        return [e / c if c > 0 else 0.0 for e, c in zip(self.expected_tokens(z), cost)]
 
     def _forget_unseen(self) -> None:
         """Positions that no round since the last refit could reach (a round at depth k says
@@ -151,7 +191,7 @@ class AutoDepth(DepthPolicy):
         """The depth of best throughput(), in one pass (this runs between decodes, on cold
         caches); the current depth is kept unless another beats it by ``switch_margin``."""
         self._forget_unseen()
-        cost = self.cost_estimates()
+        cost = self._cost_cache = self.cost_estimates()
         acc, reach, w = self.acc, self.reach, self._w
         best, best_rate = 0, (1.0 / cost[0] if cost[0] > 0 else 0.0)
         current_rate = best_rate
@@ -165,10 +205,13 @@ class AutoDepth(DepthPolicy):
                 current_rate = rate
             if rate > best_rate:
                 best, best_rate = i, rate
-        # leaving plain decoding costs more than the estimates show (the drafter catches up on
-        # the rows it skipped), so it needs a clearer win
-        margin = self.switch_margin * (2.0 if self.best == 0 else 1.0)
-        return best if best_rate > (1.0 + margin) * current_rate else self.best
+        if self.best == 0 and best != 0:
+            # leaving plain decoding costs more than the estimates show (the drafter catches up
+            # on the rows it skipped), and the evidence about drafting comes from a few visits:
+            # it needs a clear win even with acceptance one standard error lower
+            best_rate = self.throughput(z=-1.0, cost=cost)[best]
+            return best if best_rate > (1.0 + 2.0 * self.switch_margin) * current_rate else 0
+        return best if best_rate > (1.0 + self.switch_margin) * current_rate else self.best
 
     # -- policy
 
@@ -176,6 +219,8 @@ class AutoDepth(DepthPolicy):
         r = self.rounds
         if r < self._probe_len:
             depth, why = self.ladder[r // self.probe_rounds], "probe"
+            # a depth's first round also rebuilds the compute graphs for its batch shape
+            self._timed = r % self.probe_rounds != 0
         else:
             # while plain decoding is best only an exploring visit brings new evidence about
             # drafting, so refits wait for one: that makes plain_rounds_ahead() a promise
@@ -188,17 +233,21 @@ class AutoDepth(DepthPolicy):
             depth, why = self.best, "exploit"
             self._timed = True
             if self._visit is not None:
-                # second round of an exploring visit: the one that is timed
+                # the later rounds of an exploring visit: the ones that are timed
                 depth, why = self._visit, "explore"
-                self._visit = None
+                self._visit_left -= 1
+                if self._visit_left <= 0:
+                    self._visit = None
             elif r >= self.next_explore:
                 depth, why = self._explore_depth(), "explore"
                 self.next_explore = r + self.explore_every
                 self.explore_every = min(2 * self.explore_every, self.max_explore)
                 # the first round at another depth rebuilds the compute graphs for the new batch
-                # shapes (and after plain steps the drafter catches up); a visit is two rounds
-                # and only the second one shows what the depth costs
+                # shapes (and after plain steps the drafter catches up): only the visit's later
+                # rounds show what the depth costs
                 self._visit, self._timed = depth, False
+                self._visit_left = self.visit_rounds - 1
+                self._visit_first, self._visit_extra = True, 0.0
         if depth != self._decision.get("depth") or why != self._decision.get("why"):
             self._decision = {"policy": "auto", "why": why, "depth": depth}
         self.chosen[depth] = self.chosen.get(depth, 0) + 1
@@ -215,12 +264,10 @@ class AutoDepth(DepthPolicy):
             tput = self.throughput()
             return max(range(1, len(tput)), key=tput.__getitem__)
         self._explored += 1
-        turn = self._explored % 4
-        if turn in (0, 2):
-            return min(self.best + 1, self.max_depth)
-        if turn == 1:
-            return self.best - 1
-        return 0  # refresh the cost of plain decoding
+        step = self.explore_turns[self._explored % len(self.explore_turns)]
+        if step is None:
+            return 0  # refresh the cost of plain decoding
+        return min(max(self.best + step, 1), self.max_depth)
 
     def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0) -> None:
         self.rounds += 1
@@ -240,40 +287,52 @@ class AutoDepth(DepthPolicy):
         if depth > self._deepest:
             self._deepest = depth
         if exploring:
-            self._schedule_after_exploring(accepted, t_round + t_catchup)
-        prev = self.cost.get(depth)
+            self._schedule_after_exploring(depth, accepted, t_round, t_catchup)
         if not self._timed:
             return
-        if prev is None:
-            self.cost[depth] = t_round
-        elif self._decision.get("why") == "probe":
-            # a depth's first round also rebuilds the compute graphs for its new batch shape;
-            # each depth is probed twice and keeps its faster sample
-            self.cost[depth] = min(prev, t_round)
-        elif t_round < prev:
-            self.cost[depth] = prev + 2.0 * self.cost_beta * (t_round - prev)
+        # the last ``cost_window`` times of each depth, in a ring; their lower median is the
+        # depth's cost, so a stall of a shared machine moves it by one rank at most
+        ring = self._times.setdefault(depth, [])
+        if len(ring) < self.cost_window:
+            ring.append(t_round)
         else:
-            # timing noise only ever adds (a stall of a shared machine, a graph rebuilt after a
-            # change of depth): rises are taken slowly and clipped, so that one stall cannot make
-            # a depth look bad for long. A drafter's catch-up is not a cost of the depth: a run
-            # of rounds at that depth would not pay it again.
-            self.cost[depth] = prev + 0.25 * self.cost_beta * (min(t_round, 1.5 * prev) - prev)
+            ring[self._ring_pos.get(depth, 0)] = t_round
+            self._ring_pos[depth] = (self._ring_pos.get(depth, 0) + 1) % self.cost_window
+        self._cost_dirty.add(depth)
 
-    def _schedule_after_exploring(self, accepted: int, t_round: float) -> None:
-        if self.best == 0 and accepted > 0:
-            tput = self.throughput()
-            if max(tput[1:]) >= tput[0]:
-                # drafts got through and drafting now looks as good as plain decoding: look
-                # again soon
+    def _schedule_after_exploring(self, depth: int, accepted: int, t_round: float, t_catchup: float) -> None:
+        """Keep exploration within its time budget: a visit that cost ``extra`` seconds more than
+        as many rounds at the best depth puts the next one extra / (budget * cost) rounds later.
+        Away from plain decoding the extra is the timed round's; from plain decoding it counts
+        every round of the visit, the drafter's catch-up and the graph rebuild when plain steps
+        come back (as large as the one going out), for each visit is pure loss when plain
+        decoding is best. A round's time counts at most 1.5x its depth's usual cost: one stall
+        of the machine must not put exploring off for a thousand rounds."""
+        cost = self._cost_cache or self.cost_estimates()  # as of the last refit: close enough
+        base = cost[self.best]
+        if base == float("inf"):
+            return
+        t = min(t_round, 1.5 * cost[depth])
+        if self.best != 0:
+            self._visit_extra = t - base
+        else:
+            self._visit_extra += t + t_catchup - base
+            if self._visit_first:
+                self._visit_extra += max(0.0, t - cost[depth])  # the rebuild on the way back
+        self._visit_first = False
+        if self._visit is not None:
+            return  # the visit goes on
+        extra, self._visit_extra = self._visit_extra, 0.0
+        if self.best == 0:
+            tput = self.throughput(z=1.0)
+            if max(tput[1:]) >= (1.0 + 2.0 * self.switch_margin) * tput[0]:
+                # drafting could still win clearly enough to leave plain decoding, within what
+                # the evidence allows: look again soon, until the evidence says otherwise
                 self.explore_every = self.min_explore
-                self.next_explore = min(self.next_explore, self.rounds + self.min_explore)
+                self.next_explore = self.rounds + self.min_explore
                 return
-        # keep exploration within its time budget: a round that cost `extra` seconds more than a
-        # round at the best depth puts the next one extra / (budget * cost) rounds later
-        base = self.cost.get(self.best)
-        if base and t_round > base:
-            wait = min(int((t_round - base) / (self.explore_budget * base)), self.max_wait)
-            self.next_explore = max(self.next_explore, self.rounds + wait)
+        wait = min(int(max(0.0, extra) / (self.explore_budget * base)), self.max_wait)
+        self.next_explore = max(self.next_explore, self.rounds + wait)
 
     def decision(self) -> dict:
         return self._decision

@@ -14,9 +14,10 @@ run in turn (interleaved, so the machine's noise falls on all alike). ``auto`` r
 tuner per workload and repeat, fresh at the workload's first prompt and carried across its
 prompts, as one engine serving a stream of requests does. Reported per workload: tokens/s of
 each depth, ``auto`` against the best fixed depth (0 included) and against plain decoding, the
-round from which the tuner's choice stays on a good depth ("settled": every later exploiting
-round uses a depth whose fixed-depth speed is within 5% of the best), and the tuner's own
-bookkeeping as a share of the generation time.
+quality of the tuner's choices from round 64 on (the mean fixed-depth speed of the depths it
+exploited, relative to the best fixed depth), the strict settling round (from it on, every
+exploiting round uses a depth within 5% of the best), and the tuner's own bookkeeping as a share
+of the generation time.
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-GOOD_FRACTION = 0.95  # a depth within 5% of the best fixed depth counts as a good choice
-
 
 def degraded_drafter(mix: float, seed: int = 0) -> Path:
     """The shipped drafter with every weight w replaced by (1-mix) w + mix r, where r is random
@@ -69,19 +67,9 @@ def degraded_drafter(mix: float, seed: int = 0) -> Path:
     return out
 
 
-def settle_round(trace: list[dict], good: set[int]) -> int | None:
-    """First round after which every exploiting round uses a good depth (None: never)."""
-    last_bad = -1
-    for r in trace:
-        if r.get("why") == "exploit" and r["depth"] not in good:
-            last_bad = r["round"]
-    if trace and last_bad >= trace[-1]["round"]:
-        return None
-    return last_bad + 1
-
-
 def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, repeats: int, progress, task) -> dict:
     from runtime.engine import GenerateOptions
+    from runtime.replay import GOOD_FRACTION, choice_quality, settle_round
     from runtime.tuner import AutoDepth
 
     tokens, seconds = defaultdict(int), defaultdict(float)
@@ -124,7 +112,9 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
             hi = min(t for t in timed if t > d)
             if lo in good and hi in good:
                 good.add(d)
-    settles = [settle_round(run["trace"], good) for run in auto_runs]
+    chosen = [([r["depth"] for r in run["trace"]], [r.get("why", "") for r in run["trace"]]) for run in auto_runs]
+    settles = [settle_round(d, w, good) for d, w in chosen]
+    quality = [choice_quality(d, w, fixed) for d, w in chosen]
     return {
         "tokens_per_s": tps,
         "mean_accepted": {k: accepted[k] / rounds[k] if rounds[k] and k != "0" else 0.0 for k in tokens},
@@ -134,6 +124,7 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
         "auto_vs_plain": tps["auto"] / fixed[0],
         "best_fixed_vs_plain": fixed[best_depth] / fixed[0],
         "settle_round": settles,
+        "choice_quality_after_64": quality,
         "auto_rounds": [run["rounds"] for run in auto_runs],
         "policy_share": sum(r["t_policy"] for r in auto_runs) / sum(r["t_generate"] for r in auto_runs),
         "policy_us_per_round": 1e6 * sum(r["t_policy"] for r in auto_runs) / max(1, sum(r["rounds"] for r in auto_runs)),
@@ -220,11 +211,12 @@ def main(argv=None) -> int:
                                                          progress, task)
     t = Table(title="--n-max auto vs fixed depths (greedy, one process, interleaved)", title_justify="left")
     for col in ("workload", "plain tok/s", "best fixed", "best vs plain", "auto vs best", "auto vs plain",
-                "settled at round", "auto rounds", "bookkeeping"):
+                "choices after round 64", "strictly settled at round", "auto rounds", "bookkeeping"):
         t.add_column(col, justify="right")
     for name, w in result["workloads"].items():
         t.add_row(name, f"{w['tokens_per_s']['0']:.1f}", str(w["best_fixed_depth"]), f"{w['best_fixed_vs_plain']:.2f}x",
                   f"{w['auto_vs_best_fixed']:.3f}", f"{w['auto_vs_plain']:.3f}",
+                  ", ".join(f"{q:.3f}" for q in w["choice_quality_after_64"]),
                   ", ".join("never" if s is None else str(s) for s in w["settle_round"]),
                   ", ".join(str(r) for r in w["auto_rounds"]),
                   f"{100 * w['policy_share']:.2f}% ({w['policy_us_per_round']:.0f} us/round)")
