@@ -24,6 +24,8 @@ from .tuner import DepthPolicy, FixedDepth
 
 @dataclass
 class Recording:
+    """One workload's match lengths (per prompt) and round costs."""
+
     workloads: dict[str, list[list[int]]]
     round_s: list[float]
     depth_change_s: float
@@ -34,9 +36,10 @@ class Recording:
     window: int = 512
 
     @classmethod
-    def load(cls, path: Path) -> "Recording":
+    def load(cls, path: Path, costs_of: str = "code") -> "Recording":
+        """The recording at ``path``, with the round costs measured on workload ``costs_of``."""
         raw = json.loads(Path(path).read_text())
-        c = raw["costs"]
+        c = raw["costs"][costs_of]
         return cls(workloads=raw["workloads"], round_s=c["round_s"], depth_change_s=c["depth_change_s"],
                    catchup_per_row_s=c["catchup_per_row_s"], noise_quantiles=c["noise_quantiles"],
                    n_predict=raw["n_predict"], drafter_digest=raw.get("drafter_digest", ""))

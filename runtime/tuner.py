@@ -61,8 +61,8 @@ class AutoDepth(DepthPolicy):
       timed drafting depths as on COST_LINE_WEIGHT rounds, and untimed depths take the line.
     - It starts by probing ``probe`` (``probe_rounds`` each), then exploits; it changes depth
       for a ``switch_margin`` better estimate. Plain decoding is the starting point, and leaving
-      it takes twice the margin with acceptance one standard error lower: the evidence about
-      drafting comes from a few visits, and lucky streaks are common.
+      it takes twice the margin with acceptance moved by ``leave_z`` standard errors (lower):
+      the evidence about drafting comes from a few visits, and lucky streaks are common.
     - Exploring visits (``visit_rounds`` rounds, the first untimed: it rebuilds llama.cpp's
       graphs for the new batch shape) go to a neighbour of the best depth in the order
       ``explore_turns`` (None: plain decoding), or, while plain decoding is best, to the most
@@ -70,7 +70,8 @@ class AutoDepth(DepthPolicy):
       ``max_explore_every`` while they change nothing, and stretches so that their extra time
       stays within ``explore_budget`` of the generation time (from plain decoding a visit also
       pays the drafter's catch-up on skipped rows and a rebuild each way). While drafting could
-      still beat plain decoding with acceptance one standard error higher, it looks again soon.
+      still beat plain decoding with acceptance ``look_z`` standard errors higher, it looks again
+      after ``min_explore_every`` rounds: thin evidence is no reason to stop looking.
 
     Its bookkeeping is a few list passes every ``refit_every`` rounds.
     """
@@ -79,7 +80,9 @@ class AutoDepth(DepthPolicy):
                  min_explore_every: int = 8, max_explore_every: int = 96, memory: float = 48.0,
                  refit_every: int = 8, explore_budget: float = 0.01, max_wait: int = 2048,
                  switch_margin: float = 0.05, unseen_decay: float = 0.97, cost_window: int = 31,
-                 explore_turns=(1, -1, 1, -1, 1, -1, None), visit_rounds: int = 2) -> None:
+                 explore_turns=(1, -1, 1, -1, 2, -1, None), visit_rounds: int = 2,
+                 leave_z: float = -1.0, look_z: float = 2.0) -> None:
+        self.leave_z, self.look_z = leave_z, look_z
         self.max_depth = max_depth
         self.ladder = [d for d in probe if d <= max_depth]
         self.probe_rounds = probe_rounds
@@ -209,7 +212,7 @@ class AutoDepth(DepthPolicy):
             # leaving plain decoding costs more than the estimates show (the drafter catches up
             # on the rows it skipped), and the evidence about drafting comes from a few visits:
             # it needs a clear win even with acceptance one standard error lower
-            best_rate = self.throughput(z=-1.0, cost=cost)[best]
+            best_rate = self.throughput(z=self.leave_z, cost=cost)[best]
             return best if best_rate > (1.0 + 2.0 * self.switch_margin) * current_rate else 0
         return best if best_rate > (1.0 + self.switch_margin) * current_rate else self.best
 
@@ -324,7 +327,7 @@ class AutoDepth(DepthPolicy):
             return  # the visit goes on
         extra, self._visit_extra = self._visit_extra, 0.0
         if self.best == 0:
-            tput = self.throughput(z=1.0)
+            tput = self.throughput(z=self.look_z)
             if max(tput[1:]) >= (1.0 + 2.0 * self.switch_margin) * tput[0]:
                 # drafting could still win clearly enough to leave plain decoding, within what
                 # the evidence allows: look again soon, until the evidence says otherwise

@@ -11,8 +11,8 @@ recorded once as a cost table. ``runtime/replay.py`` then plays any depth policy
   how many of the drafter's 15 proposals from t agree with the target's greedy continuation
   (the blocks are causal, so a round at depth k accepts min(k, L_t)). The drafter runs inside
   llama.cpp on the target's captured hidden states, exactly as in a generation.
-- **Costs** (seconds, median of the rounds of fixed-depth generations): one round at each depth
-  0..15; the extra time of a round whose depth differs from the round before (llama.cpp
+- **Costs** per prompt set (seconds, median of the rounds of fixed-depth generations): one round
+  at each depth 0..15; the extra time of a round whose depth differs from the round before (llama.cpp
   rebuilds its graphs for the new batch shape); the drafter's catch-up per row of plain steps
   before a drafting round; the spread of round times (the clock's noise).
 """
@@ -160,13 +160,18 @@ def main(argv=None) -> int:
                     lengths.append(match_lengths(eng, p, args.n_predict))
                     progress.advance(task)
                 result["workloads"][name] = lengths
+        # the cost of a round depends on the prompts (their lengths set the attention's work), not
+        # on the drafter's weights: the degraded drafter's workload runs on the code prompts
+        result["costs"] = {}
         with Engine(target, shipped, EngineConfig(n_ctx=2048)) as eng:
-            task = progress.add_task("round costs", total=16 + 4 + 3)
-            result["costs"] = measure_costs(eng, code, args.n_predict, progress, task)
+            for name in ("code", "prose", "table"):
+                task = progress.add_task(f"round costs: {name}", total=16 + 4 + 3)
+                result["costs"][name] = measure_costs(eng, plan[name][1], args.n_predict, progress, task)
+        result["costs"]["degraded"] = result["costs"]["code"]
     args.out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
-    c = result["costs"]
-    console.print("round ms by depth: " + " ".join(f"{1e3 * t:.2f}" for t in c["round_s"]))
-    console.print(f"depth change +{1e3 * c['depth_change_s']:.2f} ms; catch-up {1e6 * c['catchup_per_row_s']:.0f} us/row")
+    for name, c in result["costs"].items():
+        console.print(f"{name}: round ms by depth " + " ".join(f"{1e3 * t:.2f}" for t in c["round_s"])
+                      + f"; depth change +{1e3 * c['depth_change_s']:.2f} ms; catch-up {1e6 * c['catchup_per_row_s']:.0f} us/row")
     for name, lengths in result["workloads"].items():
         flat = [x for row in lengths for x in row]
         console.print(f"{name}: mean match length {sum(flat) / len(flat):.2f} over {len(flat)} positions")

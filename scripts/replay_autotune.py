@@ -61,14 +61,14 @@ def main(argv=None) -> int:
     from runtime.replay import Recording
     from runtime.tuner import AutoDepth
 
-    rec = Recording.load(args.recording)
-    names = args.workloads.split(",") if args.workloads else list(rec.workloads)
+    names = args.workloads.split(",") if args.workloads else list(Recording.load(args.recording).workloads)
     t = Table(title=f"--n-max auto replayed ({args.seeds} seeds per workload)", title_justify="left")
     for col in ("workload", "auto vs best (mean)", "worst seed", "auto vs plain (mean)", "worst seed",
                 "choice quality after round 64 (mean)", "worst seed", "strictly settled by round 64"):
         t.add_column(col, justify="right")
     out = {}
     for name in names:
+        rec = Recording.load(args.recording, costs_of=name)
         j = judge(rec, rec.workloads[name], args.seeds, AutoDepth)
         out[name] = j
         t.add_row(name, f"{j['auto_vs_best_fixed_mean']:.3f}", f"{j['auto_vs_best_fixed_min']:.3f}",

@@ -26,6 +26,10 @@ def rec() -> Recording:
     return Recording.load(RECORDING)
 
 
+def judged(workload: str) -> Recording:
+    return Recording.load(RECORDING, costs_of=workload)
+
+
 def streams(rec: Recording, workload: str):
     """(seed, prompt order): seed 0 keeps the prompt file's order, the others shuffle it."""
     for seed in range(SEEDS):
@@ -35,8 +39,9 @@ def streams(rec: Recording, workload: str):
         yield seed, order
 
 
-def judge(rec: Recording, workload: str) -> tuple[list[float], list[float], list[float]]:
+def judge(workload: str) -> tuple[list[float], list[float], list[float]]:
     """Per seed: auto / best fixed depth, auto / plain decoding, choice quality after round 64."""
+    rec = judged(workload)
     vs_best, vs_plain, quality = [], [], []
     for seed, order in streams(rec, workload):
         fixed = {k: replay(FixedDepth(k), rec, order, seed=seed).tokens_per_s for k in range(rec.max_depth + 1)}
@@ -74,21 +79,21 @@ def test_replay_moves_by_accepted_plus_one_and_charges_each_round():
     assert r.seconds == pytest.approx(1.0 + 1.0 + (3.0 + 0.5 + 2 * 0.25) + 3.0 + (1.0 + 0.5))
 
 
-def test_auto_reaches_95_percent_of_the_best_fixed_depth_on_code(rec):
-    vs_best, _, _ = judge(rec, "code")
+def test_auto_reaches_95_percent_of_the_best_fixed_depth_on_code():
+    vs_best, _, _ = judge("code")
     assert statistics.mean(vs_best) >= 0.95, vs_best
     assert min(vs_best) >= 0.88, vs_best
 
 
-def test_auto_keeps_97_percent_of_plain_decoding_with_a_degraded_drafter(rec):
-    _, vs_plain, _ = judge(rec, "degraded")
+def test_auto_keeps_97_percent_of_plain_decoding_with_a_degraded_drafter():
+    _, vs_plain, _ = judge("degraded")
     assert statistics.mean(vs_plain) >= 0.97, vs_plain
     assert min(vs_plain) >= 0.95, vs_plain
 
 
 @pytest.mark.parametrize("workload", ["code", "degraded"])
-def test_auto_exploits_good_depths_after_64_rounds(rec, workload):
-    _, _, quality = judge(rec, workload)
+def test_auto_exploits_good_depths_after_64_rounds(workload):
+    _, _, quality = judge(workload)
     assert statistics.mean(quality) >= 0.95, quality
 
 
