@@ -186,7 +186,7 @@ class Engine:
                 return FixedDepth(0)
             # one tuner per engine: what it learnt about costs carries over to the next prompt
             if self._auto is None:
-                self._auto = AutoDepth(self.drafter.spec.max_draft)
+                self._auto = AutoDepth(self.drafter.spec.max_draft, window=self.drafter.spec.sliding_window)
             return self._auto
         depth = int(n_max)
         if depth < 0:

@@ -5,7 +5,8 @@ L_t of the drafter's proposals at every position t of the greedy output (a round
 accepts min(k, L_t)), and the pair's round costs on the machine that recorded it. A replay
 walks through the prompts as the engine would (a round at position t with depth k moves on by
 min(k, L_t) + 1 tokens; the depth is capped so a round never passes the end), charges each round
-its cost times a noise factor drawn from the recorded spread (round i of a replay draws the same
+its cost (a plain step's depends on whether it must read its row for the drafter) times a
+noise factor drawn from the recorded spread (round i of a replay draws the same
 factor whatever the policy, so two policies replayed with one seed meet the same clock), the extra time of a change of depth,
 and the drafter's catch-up after plain steps, and reports the policy's observations exactly as
 the engine does. It is deterministic for a given seed, and fast: a tuner can be judged over many
@@ -27,8 +28,10 @@ class Recording:
     """One workload's match lengths (per prompt) and round costs."""
 
     workloads: dict[str, list[list[int]]]
-    round_s: list[float]
+    round_s: list[float]  # depth 0: a plain step that reads its row for the drafter
+    plain_skip_s: float  # a plain step that need not (see DepthPolicy.plain_rounds_ahead)
     depth_change_s: float
+    catchup_s: float
     catchup_per_row_s: float
     noise_quantiles: list[float]
     n_predict: int
@@ -40,9 +43,10 @@ class Recording:
         """The recording at ``path``, with the round costs measured on workload ``costs_of``."""
         raw = json.loads(Path(path).read_text())
         c = raw["costs"][costs_of]
-        return cls(workloads=raw["workloads"], round_s=c["round_s"], depth_change_s=c["depth_change_s"],
+        return cls(workloads=raw["workloads"], round_s=c["round_s"], plain_skip_s=c["plain_skip_s"],
+                   depth_change_s=c["depth_change_s"], catchup_s=c["catchup_s"],
                    catchup_per_row_s=c["catchup_per_row_s"], noise_quantiles=c["noise_quantiles"],
-                   n_predict=raw["n_predict"], drafter_digest=raw.get("drafter_digest", ""))
+                   n_predict=raw["n_predict"], drafter_digest=raw.get("drafter_digest", ""), window=c["window"])
 
     @property
     def max_depth(self) -> int:
@@ -73,7 +77,10 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
         n_out, pending = 1, 0  # the prefill's token; plain-step rows the drafter has not read
         while n_out < rec.n_predict:
             depth = min(policy.choose(), rec.n_predict - n_out - 1)
-            t = rec.round_s[depth]
+            # as in the engine: a plain step promised to be followed by plain steps past the
+            # drafter's window neither reads its row nor leaves it for a catch-up
+            skip = depth == 0 and policy.plain_rounds_ahead() >= rec.window
+            t = rec.plain_skip_s if skip else rec.round_s[depth]
             if noise:
                 # inverse-CDF draw between the recorded quantiles of round time / median
                 u = rng.random() * (len(q) - 1)
@@ -84,10 +91,11 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
             catchup = 0.0
             if depth == 0:
                 accepted = 0
-                pending += 1
+                pending = 0 if skip else pending + 1
             else:
                 accepted = min(depth, lengths[n_out - 1])
-                catchup = rec.catchup_per_row_s * min(pending, rec.window)
+                if pending:
+                    catchup = rec.catchup_s + rec.catchup_per_row_s * min(pending, rec.window)
                 pending = 0
             policy.observe(depth, accepted, t, catchup)
             res.depths.append(depth)

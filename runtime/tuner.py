@@ -73,6 +73,10 @@ class AutoDepth(DepthPolicy):
       still beat plain decoding with acceptance ``look_z`` standard errors higher, it looks again
       after ``min_explore_every`` rounds: thin evidence is no reason to stop looking.
 
+    ``window``: the drafter's sliding window. Once plain decoding is clearly best, visits are at
+    least a window apart, so the plain steps between them need not read their rows for the
+    drafter (``plain_rounds_ahead``); 0 leaves the spacing to the budget alone.
+
     Its bookkeeping is a few list passes every ``refit_every`` rounds.
     """
 
@@ -81,8 +85,9 @@ class AutoDepth(DepthPolicy):
                  refit_every: int = 8, explore_budget: float = 0.01, max_wait: int = 2048,
                  switch_margin: float = 0.05, unseen_decay: float = 0.97, cost_window: int = 31,
                  explore_turns=(1, -1, 1, -1, 2, -1, None), visit_rounds: int = 2,
-                 leave_z: float = -1.0, look_z: float = 2.0) -> None:
+                 leave_z: float = -1.0, look_z: float = 2.0, window: int = 0) -> None:
         self.leave_z, self.look_z = leave_z, look_z
+        self.window = window
         self.max_depth = max_depth
         self.ladder = [d for d in probe if d <= max_depth]
         self.probe_rounds = probe_rounds
@@ -335,6 +340,11 @@ class AutoDepth(DepthPolicy):
                 self.next_explore = self.rounds + self.min_explore
                 return
         wait = min(int(max(0.0, extra) / (self.explore_budget * base)), self.max_wait)
+        if self.best == 0:
+            # plain decoding is clearly best: promise a stretch past the drafter's window, so
+            # that its plain steps need not read their rows for the drafter (that costs more
+            # than the visits a shorter stretch would make)
+            wait = max(wait, self.window)
         self.next_explore = max(self.next_explore, self.rounds + wait)
 
     def decision(self) -> dict:

@@ -77,7 +77,7 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
     auto_runs = []
     engine.generate(prompts[0], GenerateOptions(n_predict=8, n_max=0))  # warm-up
     for rep in range(repeats):
-        tuner = AutoDepth(engine.drafter.spec.max_draft)
+        tuner = AutoDepth(engine.drafter.spec.max_draft, window=engine.drafter.spec.sliding_window)
         trace: list[dict] = []
         t_policy = t_gen = 0.0
         n_rounds = 0

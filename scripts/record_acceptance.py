@@ -12,9 +12,10 @@ recorded once as a cost table. ``runtime/replay.py`` then plays any depth policy
   (the blocks are causal, so a round at depth k accepts min(k, L_t)). The drafter runs inside
   llama.cpp on the target's captured hidden states, exactly as in a generation.
 - **Costs** per prompt set (seconds, median of the rounds of fixed-depth generations): one round
-  at each depth 0..15; the extra time of a round whose depth differs from the round before (llama.cpp
-  rebuilds its graphs for the new batch shape); the drafter's catch-up per row of plain steps
-  before a drafting round; the spread of round times (the clock's noise).
+  at each depth 0..15 (a plain step reading its row for the drafter), a plain step that need
+  not (the tuner promised plain steps past the drafter's window); the extra time of a round whose depth differs from the round before (llama.cpp
+  rebuilds its graphs for the new batch shape); the drafter's catch-up on the rows of plain steps
+  before a drafting round (a fixed part and a part per row); the spread of round times (the clock's noise).
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ from runtime.tuner import DepthPolicy  # noqa: E402
 class Scripted(DepthPolicy):
     """Plays a fixed list of depths (the last one repeats) and keeps what each round reported."""
 
-    def __init__(self, schedule: list[int]) -> None:
-        self.schedule, self.log = schedule, []
+    def __init__(self, schedule: list[int], ahead: int = 0) -> None:
+        self.schedule, self.log, self.ahead = schedule, [], ahead
+
+    def plain_rounds_ahead(self) -> int:
+        return self.ahead
 
     def choose(self) -> int:
         return self.schedule[min(len(self.log), len(self.schedule) - 1)]
@@ -76,13 +80,14 @@ def match_lengths(engine, prompt: str, n_predict: int) -> list[int]:
     return out
 
 
-def round_times(engine, prompts: list[str], schedule: list[int], n_predict: int) -> list[list[tuple]]:
-    """Per prompt, (depth, accepted, t_round, t_catchup) of each round of ``schedule``."""
+def round_times(engine, prompts: list[str], schedule: list[int], n_predict: int, ahead: int = 0) -> list[list[tuple]]:
+    """Per prompt, (depth, accepted, t_round, t_catchup) of each round of ``schedule``; plain
+    steps read their rows for the drafter unless ``ahead`` promises a stretch past its window."""
     from runtime.engine import GenerateOptions
 
     logs = []
     for p in prompts:
-        policy = Scripted(schedule)
+        policy = Scripted(schedule, ahead)
         engine.generate(p, GenerateOptions(n_predict=n_predict, n_max=policy))
         logs.append(policy.log)
     return logs
@@ -98,6 +103,16 @@ def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) ->
         step.append(med)
         spread += [t / med for t in times]
         progress.advance(task)
+    # plain steps that read their rows for the drafter and plain steps that need not (the tuner
+    # promised a stretch past the window), prompt by prompt in turn: the difference is small
+    # and the machine drifts
+    with_rows, without = [], []
+    for _ in range(3):
+        for p in prompts:
+            with_rows += [t for log in round_times(engine, [p], [0], n_predict) for _, _, t, _ in log[2:]]
+            without += [t for log in round_times(engine, [p], [0], n_predict, ahead=1 << 30) for _, _, t, _ in log[2:]]
+    step[0] = statistics.median(with_rows)
+    skip = statistics.median(without)
     # a change of depth every other round: the first round at the new depth against the second
     first, second = [], []
     for k in (1, 2, 4, 8):
@@ -109,16 +124,24 @@ def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) ->
                     first.append(t - log[i + 1][2])
         progress.advance(task)
     # plain stretches of m steps, then a drafting round: the drafter reads the m rows it skipped
-    per_row = []
+    rows, times = [], []
     for m in (8, 32, 64):
         for log in round_times(engine, prompts[:4], ([0] * m + [4, 4]) * 20, n_predict):
-            per_row += [tc / m for d, _, _, tc in log if d == 4 and tc > 0]
+            for d, _, _, tc in log:
+                if d == 4 and tc > 0:
+                    rows.append(m)
+                    times.append(tc)
         progress.advance(task)
+    # the catch-up is one batched decode: a fixed part and a part per row
+    per_row, fixed = np.polyfit(rows, times, 1)
     spread.sort()
     return {
+        "window": engine.drafter.spec.sliding_window,
         "round_s": step,
+        "plain_skip_s": skip,
         "depth_change_s": statistics.median(first),
-        "catchup_per_row_s": statistics.median(per_row),
+        "catchup_s": max(0.0, float(fixed)),
+        "catchup_per_row_s": max(0.0, float(per_row)),
         # quantiles of round time / its depth's median: the replay draws its noise from these
         "noise_quantiles": [spread[int(q * (len(spread) - 1))] for q in np.linspace(0, 1, 41)],
     }
@@ -171,7 +194,8 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
     for name, c in result["costs"].items():
         console.print(f"{name}: round ms by depth " + " ".join(f"{1e3 * t:.2f}" for t in c["round_s"])
-                      + f"; depth change +{1e3 * c['depth_change_s']:.2f} ms; catch-up {1e6 * c['catchup_per_row_s']:.0f} us/row")
+                      + f"; plain step without rows {1e3 * c['plain_skip_s']:.2f}; depth change +{1e3 * c['depth_change_s']:.2f} ms"
+                      + f"; catch-up {1e3 * c['catchup_s']:.2f} ms + {1e6 * c['catchup_per_row_s']:.0f} us/row")
     for name, lengths in result["workloads"].items():
         flat = [x for row in lengths for x in row]
         console.print(f"{name}: mean match length {sum(flat) / len(flat):.2f} over {len(flat)} positions")

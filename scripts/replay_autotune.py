@@ -35,7 +35,7 @@ def judge(rec, prompts: list[list[int]], seeds: int, make_policy) -> dict:
         fixed = {k: replay(FixedDepth(k), rec, order, seed=seed).tokens_per_s for k in range(rec.max_depth + 1)}
         best = max(fixed.values())
         good = {k for k, v in fixed.items() if v >= GOOD_FRACTION * best}
-        r = replay(make_policy(rec.max_depth), rec, order, seed=seed)
+        r = replay(make_policy(rec.max_depth, window=rec.window), rec, order, seed=seed)
         ratios.append(r.tokens_per_s / best)
         vs_plain.append(r.tokens_per_s / fixed[0])
         settles.append(settle_round(r.depths, r.why, good))

@@ -15,7 +15,7 @@ import pytest
 
 from runtime import assets
 from runtime.replay import Recording, choice_quality, replay, settle_round
-from runtime.tuner import AutoDepth, FixedDepth
+from runtime.tuner import AutoDepth, DepthPolicy, FixedDepth
 
 RECORDING = assets.TINY_DIR / "replay.json"
 SEEDS = 12
@@ -45,7 +45,7 @@ def judge(workload: str) -> tuple[list[float], list[float], list[float]]:
     vs_best, vs_plain, quality = [], [], []
     for seed, order in streams(rec, workload):
         fixed = {k: replay(FixedDepth(k), rec, order, seed=seed).tokens_per_s for k in range(rec.max_depth + 1)}
-        r = replay(AutoDepth(rec.max_depth), rec, order, seed=seed)
+        r = replay(AutoDepth(rec.max_depth, window=rec.window), rec, order, seed=seed)
         vs_best.append(r.tokens_per_s / max(fixed.values()))
         vs_plain.append(r.tokens_per_s / fixed[0])
         quality.append(choice_quality(r.depths, r.why, fixed))
@@ -60,8 +60,9 @@ def test_the_recording_is_of_the_shipped_drafter(rec):
 
 
 def test_replay_moves_by_accepted_plus_one_and_charges_each_round():
-    rec = Recording(workloads={"w": [[2] * 20]}, round_s=[1.0, 2.0, 3.0, 4.0], depth_change_s=0.5,
-                    catchup_per_row_s=0.25, noise_quantiles=[1.0, 1.0], n_predict=10)
+    rec = Recording(workloads={"w": [[2] * 20]}, round_s=[1.0, 2.0, 3.0, 4.0], plain_skip_s=0.75,
+                    depth_change_s=0.5, catchup_s=0.125, catchup_per_row_s=0.25, noise_quantiles=[1.0, 1.0],
+                    n_predict=10)
     r = replay(FixedDepth(3), rec, rec.workloads["w"], noise=False)
     # one token from the prefill, then rounds of 2 accepted + 1; the last round is capped so it
     # does not pass n_predict, which changes the depth
@@ -69,14 +70,17 @@ def test_replay_moves_by_accepted_plus_one_and_charges_each_round():
     assert r.seconds == pytest.approx(2 * 4.0 + (3.0 + 0.5))
     policy = iter([0, 0, 2, 2, 2, 2])
 
-    class Script(FixedDepth):
+    class Script(DepthPolicy):
         def choose(self):
             return next(policy)
 
-    r = replay(Script(0), rec, rec.workloads["w"], noise=False)
-    # two plain steps, then a drafting round that pays the depth change and two rows of catch-up
+    r = replay(Script(), rec, rec.workloads["w"], noise=False)
+    # two plain steps that read their rows, then a drafting round that pays the depth change and
+    # the catch-up on two rows; the last plain step promises nothing either (FixedDepth(0) would)
     assert r.depths == [0, 0, 2, 2, 0]
-    assert r.seconds == pytest.approx(1.0 + 1.0 + (3.0 + 0.5 + 2 * 0.25) + 3.0 + (1.0 + 0.5))
+    assert r.seconds == pytest.approx(1.0 + 1.0 + (3.0 + 0.5 + 0.125 + 2 * 0.25) + 3.0 + (1.0 + 0.5))
+    # plain decoding proper promises plain steps forever: no rows read, the cheaper step
+    assert replay(FixedDepth(0), rec, rec.workloads["w"], noise=False).seconds == pytest.approx(9 * 0.75)
 
 
 def test_auto_reaches_95_percent_of_the_best_fixed_depth_on_code():
