@@ -61,8 +61,9 @@ class AutoDepth(DepthPolicy):
       timed drafting depths as on COST_LINE_WEIGHT rounds, and untimed depths take the line.
     - It starts by probing ``probe`` (``probe_rounds`` each), then exploits; it changes depth
       for a ``switch_margin`` better estimate. Plain decoding is the starting point, and leaving
-      it takes twice the margin with acceptance moved by ``leave_z`` standard errors (lower):
-      the evidence about drafting comes from a few visits, and lucky streaks are common.
+      it takes twice the margin, after the first decision with acceptance moved by ``leave_z``
+      standard errors (lower): the evidence about drafting then comes from a few visits, and
+      lucky streaks are common.
     - Exploring visits (``visit_rounds`` rounds, the first untimed: it rebuilds llama.cpp's
       graphs for the new batch shape) go to a neighbour of the best depth in the order
       ``explore_turns`` (None: plain decoding), or, while plain decoding is best, to the most
@@ -217,7 +218,10 @@ class AutoDepth(DepthPolicy):
             # leaving plain decoding costs more than the estimates show (the drafter catches up
             # on the rows it skipped), and the evidence about drafting comes from a few visits:
             # it needs a clear win even with acceptance one standard error lower
-            best_rate = self.throughput(z=self.leave_z, cost=cost)[best]
+            # (the first decision, right after the probes, has only the probes to go by: the
+            # estimate itself, so a pair whose drafts clearly win starts drafting at once)
+            z = self.leave_z if self.rounds > self._probe_len else 0.0
+            best_rate = self.throughput(z=z, cost=cost)[best]
             return best if best_rate > (1.0 + 2.0 * self.switch_margin) * current_rate else 0
         return best if best_rate > (1.0 + self.switch_margin) * current_rate else self.best
 
