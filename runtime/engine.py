@@ -260,8 +260,8 @@ class Engine:
         emitted = [bonus]
         stop_reason = "length"
         while True:
-            # a round's cost, as the tuner sees it, runs from here to here: emitting and
-            # checking the tokens is part of every round, cheap as it is
+            # the tuner is told the time from here to its observe() call: emitting and checking
+            # the last round's tokens is part of what every round costs
             t_round0 = time.perf_counter()
             # ---- emit what the last round produced, up to the first stop condition
             n_keep, reason = self._stop_check(out, emitted, opts)

@@ -75,8 +75,9 @@ class AutoDepth(DepthPolicy):
       after ``min_explore_every`` rounds: thin evidence is no reason to stop looking.
 
     ``window``: the drafter's sliding window. Once plain decoding is clearly best, visits are at
-    least a window apart, so the plain steps between them need not read their rows for the
-    drafter (``plain_rounds_ahead``); 0 leaves the spacing to the budget alone.
+    least two windows apart, so that half the plain steps between them need not read their rows
+    for the drafter (``plain_rounds_ahead``); a return to predictable content is then noticed
+    within two windows of rounds. 0 leaves the spacing to the budget alone.
 
     Its bookkeeping is a few list passes every ``refit_every`` rounds.
     """
@@ -345,10 +346,10 @@ class AutoDepth(DepthPolicy):
                 return
         wait = min(int(max(0.0, extra) / (self.explore_budget * base)), self.max_wait)
         if self.best == 0:
-            # plain decoding is clearly best: promise a stretch past the drafter's window, so
-            # that its plain steps need not read their rows for the drafter (that costs more
-            # than the visits a shorter stretch would make)
-            wait = max(wait, self.window)
+            # plain decoding is clearly best: promise a stretch of two drafter windows, so that
+            # its first half of plain steps need not read their rows for the drafter (a row read
+            # costs more, over a stretch, than the visits a shorter stretch would make)
+            wait = max(wait, 2 * self.window)
         self.next_explore = max(self.next_explore, self.rounds + wait)
 
     def decision(self) -> dict:

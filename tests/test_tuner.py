@@ -129,3 +129,23 @@ def test_best_depth_follows_the_cost_of_verify_rows():
         assert pair.expected_rate(tuner.best) >= 0.95 * pair.best_rate()
         chosen[per_row] = tuner.best
     assert chosen[0.02] > chosen[0.25]
+
+
+def test_once_plain_decoding_is_clearly_best_visits_are_two_windows_apart():
+    """A plain step need not read its row for the drafter when the next visit is at least the
+    drafter's window away; once the evidence is clear, the tuner spaces its visits two windows
+    apart, so that holds for half the plain steps (with window=0 the spacing is the time
+    budget's alone)."""
+    ahead = {}
+    for window in (0, 64):
+        pair = SimPair(lambda i: 0.05, seed=6)
+        tuner = AutoDepth(MAX_DEPTH, window=window)
+        promised = []
+        for _ in range(1500):
+            k = tuner.choose()
+            promised.append(tuner.plain_rounds_ahead())
+            acc, t, catchup = pair.play(k)
+            tuner.observe(k, acc, t, catchup)
+        assert tuner.best == 0
+        ahead[window] = sum(1 for p in promised[500:] if p >= 64) / len(promised[500:])
+    assert ahead[64] >= 0.45 > ahead[0]
