@@ -4,13 +4,13 @@ A recording (``scripts/record_acceptance.py``) holds, per prompt of a workload, 
 L_t of the drafter's proposals at every position t of the greedy output (a round at depth k
 accepts min(k, L_t)), and the pair's round costs on the machine that recorded it. A replay
 walks through the prompts as the engine would (a round at position t with depth k moves on by
-min(k, L_t) + 1 tokens; the depth is capped so a round never passes the end), charges each round
-its cost (a plain step's depends on whether it must read its row for the drafter) times a
-noise factor drawn from the recorded spread (round i of a replay draws the same
-factor whatever the policy, so two policies replayed with one seed meet the same clock), the extra time of a change of depth,
-and the drafter's catch-up after plain steps, and reports the policy's observations exactly as
-the engine does. It is deterministic for a given seed, and fast: a tuner can be judged over many
-prompt orders and noise draws in the time one live benchmark takes.
+min(k, L_t) + 1 tokens; the depth is capped so a round never passes the end) and charges each
+round its cost (a plain step's depends on whether it must read its row for the drafter) times
+a noise factor drawn from the recorded spread, plus the extra time of a change of depth and the
+drafter's catch-up after plain steps; the policy observes exactly what the engine would report.
+Round i of a replay draws the same noise whatever the policy, so two policies replayed with one
+seed meet the same clock. A replay is deterministic per seed and fast: a tuner can be judged
+over many prompt orders and noise draws in the time one live benchmark takes.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python scripts/record_acceptance.py --out runtime/assets/laguna-tiny/replay.json
 
-Live benchmarks of ``--n-max auto`` on this 2-core machine move by 2-3% between runs, the size
+Live benchmarks of ``--n-max auto`` on this 2-core machine move by 2-4% between runs, the size
 of the margins being tuned. A replay removes that noise: the drafter's acceptance is a property
 of the content, not of the clock, so it is recorded once, position by position, and the clock is
 recorded once as a cost table. ``runtime/replay.py`` then plays any depth policy against both.
@@ -12,10 +12,11 @@ recorded once as a cost table. ``runtime/replay.py`` then plays any depth policy
   (the blocks are causal, so a round at depth k accepts min(k, L_t)). The drafter runs inside
   llama.cpp on the target's captured hidden states, exactly as in a generation.
 - **Costs** per prompt set (seconds, median of the rounds of fixed-depth generations): one round
-  at each depth 0..15 (a plain step reading its row for the drafter), a plain step that need
-  not (the tuner promised plain steps past the drafter's window); the extra time of a round whose depth differs from the round before (llama.cpp
-  rebuilds its graphs for the new batch shape); the drafter's catch-up on the rows of plain steps
-  before a drafting round (a fixed part and a part per row); the spread of round times (the clock's noise).
+  at each depth 0..15 (a plain step reading its row for the drafter); a plain step that need
+  not (the tuner promised plain steps past the drafter's window); the extra time of a round
+  whose depth differs from the round before (llama.cpp rebuilds its graphs for the new batch
+  shape); the drafter's catch-up on the rows of plain steps before a drafting round (a fixed
+  part and a part per row); the spread of round times (the clock's noise).
 """
 
 from __future__ import annotations
