@@ -108,15 +108,39 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
     return res
 
 
-def fixed_rates(rec: Recording, prompts: list[list[int]]) -> dict[int, float]:
-    """Noise-free tokens/s of every fixed depth on these prompts."""
-    return {k: replay(FixedDepth(k), rec, prompts, noise=False).tokens_per_s for k in range(rec.max_depth + 1)}
-
-
 # -- judging a tuner's choices (shared by the replay and the live benchmark)
 
 SETTLE_ROUNDS = 64  # issue 7: the tuner settles within this many rounds
 GOOD_FRACTION = 0.95  # a depth within 5% of the best fixed depth's speed is a good choice
+
+
+@dataclass
+class Judgement:
+    """A tuner replayed on one workload, per seed (seed 0: the prompts' own order; the others
+    shuffle it, and each seed draws its own noise, the same for the tuner and every fixed depth)."""
+
+    vs_best_fixed: list[float]  # tokens/s against the best fixed depth's on the same stream
+    vs_plain: list[float]
+    choice_quality: list[float]  # see choice_quality()
+    settle_round: list[int | None]  # see settle_round()
+
+
+def judge(make_policy, rec: Recording, prompts: list[list[int]], seeds: int) -> Judgement:
+    """Replay ``make_policy(rec.max_depth, window=rec.window)`` and every fixed depth on
+    ``seeds`` orders of ``prompts``."""
+    out = Judgement([], [], [], [])
+    for seed in range(seeds):
+        order = list(prompts)
+        if seed:
+            random.Random(seed).shuffle(order)
+        fixed = {k: replay(FixedDepth(k), rec, order, seed=seed).tokens_per_s for k in range(rec.max_depth + 1)}
+        best = max(fixed.values())
+        r = replay(make_policy(rec.max_depth, window=rec.window), rec, order, seed=seed)
+        out.vs_best_fixed.append(r.tokens_per_s / best)
+        out.vs_plain.append(r.tokens_per_s / fixed[0])
+        out.choice_quality.append(choice_quality(r.depths, r.why, fixed))
+        out.settle_round.append(settle_round(r.depths, r.why, {k for k, v in fixed.items() if v >= GOOD_FRACTION * best}))
+    return out
 
 
 def choice_quality(depths: list[int], why: list[str], rate: dict[int, float], start: int = SETTLE_ROUNDS) -> float:

@@ -356,6 +356,7 @@ class AutoDepth(DepthPolicy):
         return self._decision
 
     def describe(self) -> dict:
+        self._update_costs()
         return {"policy": "auto", "best_depth": self.best, "rounds": self.rounds,
                 "chosen": {str(k): v for k, v in sorted(self.chosen.items())},
                 "acceptance": [round(a, 3) for a in self.acceptance()],

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 from pathlib import Path
@@ -23,26 +22,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-def judge(rec, prompts: list[list[int]], seeds: int, make_policy) -> dict:
-    from runtime.replay import GOOD_FRACTION, choice_quality, replay, settle_round
-    from runtime.tuner import FixedDepth
 
-    ratios, vs_plain, settles, quality = [], [], [], []
-    for seed in range(seeds):
-        order = list(prompts)
-        if seed:
-            random.Random(seed).shuffle(order)
-        fixed = {k: replay(FixedDepth(k), rec, order, seed=seed).tokens_per_s for k in range(rec.max_depth + 1)}
-        best = max(fixed.values())
-        good = {k for k, v in fixed.items() if v >= GOOD_FRACTION * best}
-        r = replay(make_policy(rec.max_depth, window=rec.window), rec, order, seed=seed)
-        ratios.append(r.tokens_per_s / best)
-        vs_plain.append(r.tokens_per_s / fixed[0])
-        settles.append(settle_round(r.depths, r.why, good))
-        quality.append(choice_quality(r.depths, r.why, fixed))
+def summary(make_policy, rec, prompts: list[list[int]], seeds: int) -> dict:
+    from runtime.replay import SETTLE_ROUNDS, judge
+
+    j = judge(make_policy, rec, prompts, seeds)
+    ratios, vs_plain, quality, settles = j.vs_best_fixed, j.vs_plain, j.choice_quality, j.settle_round
     return {"auto_vs_best_fixed_mean": statistics.mean(ratios), "auto_vs_best_fixed_min": min(ratios),
             "auto_vs_plain_mean": statistics.mean(vs_plain), "auto_vs_plain_min": min(vs_plain),
-            "settled_by_64": sum(1 for s in settles if s is not None and s <= 64) / len(settles),
+            "settled_by_64": sum(1 for s in settles if s is not None and s <= SETTLE_ROUNDS) / len(settles),
             "choice_quality_after_64_mean": statistics.mean(quality), "choice_quality_after_64_min": min(quality),
             "settle_rounds": settles, "ratios": ratios}
 
@@ -69,7 +57,7 @@ def main(argv=None) -> int:
     out = {}
     for name in names:
         rec = Recording.load(args.recording, costs_of=name)
-        j = judge(rec, rec.workloads[name], args.seeds, AutoDepth)
+        j = summary(AutoDepth, rec, rec.workloads[name], args.seeds)
         out[name] = j
         t.add_row(name, f"{j['auto_vs_best_fixed_mean']:.3f}", f"{j['auto_vs_best_fixed_min']:.3f}",
                   f"{j['auto_vs_plain_mean']:.3f}", f"{j['auto_vs_plain_min']:.3f}",

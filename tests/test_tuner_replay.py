@@ -8,13 +8,13 @@ deterministic per seed, so these checks are exact regressions for issue 7's acce
 
 from __future__ import annotations
 
-import random
+import functools
 import statistics
 
 import pytest
 
 from runtime import assets
-from runtime.replay import Recording, choice_quality, replay, settle_round
+from runtime.replay import Judgement, Recording, choice_quality, judge, replay, settle_round
 from runtime.tuner import AutoDepth, DepthPolicy, FixedDepth
 
 RECORDING = assets.TINY_DIR / "replay.json"
@@ -26,30 +26,11 @@ def rec() -> Recording:
     return Recording.load(RECORDING)
 
 
-def judged(workload: str) -> Recording:
-    return Recording.load(RECORDING, costs_of=workload)
-
-
-def streams(rec: Recording, workload: str):
-    """(seed, prompt order): seed 0 keeps the prompt file's order, the others shuffle it."""
-    for seed in range(SEEDS):
-        order = list(rec.workloads[workload])
-        if seed:
-            random.Random(seed).shuffle(order)
-        yield seed, order
-
-
-def judge(workload: str) -> tuple[list[float], list[float], list[float]]:
-    """Per seed: auto / best fixed depth, auto / plain decoding, choice quality after round 64."""
-    rec = judged(workload)
-    vs_best, vs_plain, quality = [], [], []
-    for seed, order in streams(rec, workload):
-        fixed = {k: replay(FixedDepth(k), rec, order, seed=seed).tokens_per_s for k in range(rec.max_depth + 1)}
-        r = replay(AutoDepth(rec.max_depth, window=rec.window), rec, order, seed=seed)
-        vs_best.append(r.tokens_per_s / max(fixed.values()))
-        vs_plain.append(r.tokens_per_s / fixed[0])
-        quality.append(choice_quality(r.depths, r.why, fixed))
-    return vs_best, vs_plain, quality
+@functools.cache
+def judged(workload: str) -> Judgement:
+    """Auto on ``workload``, with its own round costs, over SEEDS prompt orders."""
+    rec = Recording.load(RECORDING, costs_of=workload)
+    return judge(AutoDepth, rec, rec.workloads[workload], SEEDS)
 
 
 def test_the_recording_is_of_the_shipped_drafter(rec):
@@ -84,20 +65,20 @@ def test_replay_moves_by_accepted_plus_one_and_charges_each_round():
 
 
 def test_auto_reaches_95_percent_of_the_best_fixed_depth_on_code():
-    vs_best, _, _ = judge("code")
+    vs_best = judged("code").vs_best_fixed
     assert statistics.mean(vs_best) >= 0.95, vs_best
     assert min(vs_best) >= 0.88, vs_best
 
 
 def test_auto_keeps_97_percent_of_plain_decoding_with_a_degraded_drafter():
-    _, vs_plain, _ = judge("degraded")
+    vs_plain = judged("degraded").vs_plain
     assert statistics.mean(vs_plain) >= 0.97, vs_plain
     assert min(vs_plain) >= 0.95, vs_plain
 
 
 @pytest.mark.parametrize("workload", ["code", "degraded"])
 def test_auto_exploits_good_depths_after_64_rounds(workload):
-    _, _, quality = judge(workload)
+    quality = judged(workload).choice_quality
     assert statistics.mean(quality) >= 0.95, quality
 
 
