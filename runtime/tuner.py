@@ -280,7 +280,10 @@ class AutoDepth(DepthPolicy):
         step = self.explore_turns[self._explored % len(self.explore_turns)]
         if step is None:
             return 0  # refresh the cost of plain decoding
-        return min(max(self.best + step, 1), self.max_depth)
+        depth = self.best + step
+        if not 1 <= depth <= self.max_depth:
+            depth = self.best - step  # no neighbour on that side: the other one
+        return min(max(depth, 1), self.max_depth)
 
     def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0) -> None:
         self.rounds += 1
@@ -345,6 +348,10 @@ class AutoDepth(DepthPolicy):
                 self.next_explore = self.rounds + self.min_explore
                 return
         wait = min(int(max(0.0, extra) / (self.explore_budget * base)), self.max_wait)
+        if self.best != 0:
+            # a neighbour's visit costs a fraction of a round: a larger extra says the early,
+            # thin cost estimates are off, and must not put exploring off for hundreds of rounds
+            wait = min(wait, self.max_explore)
         if self.best == 0:
             # plain decoding is clearly best: promise a stretch of two drafter windows, so that
             # its first half of plain steps need not read their rows for the drafter (a row read

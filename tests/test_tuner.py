@@ -149,3 +149,21 @@ def test_once_plain_decoding_is_clearly_best_visits_are_two_windows_apart():
         assert tuner.best == 0
         ahead[window] = sum(1 for p in promised[500:] if p >= 64) / len(promised[500:])
     assert ahead[64] >= 0.45 > ahead[0]
+
+
+def test_from_depth_one_the_lower_neighbour_visit_goes_above_instead():
+    """At depth 1 there is no drafting depth below: the turn that would visit it goes to depth 2,
+    which is where the evidence about the second draft position comes from."""
+    pair = SimPair(lambda i: 0.8 if i == 1 else 0.05, per_row=0.2, draft=0.1, seed=7)
+    assert max(range(MAX_DEPTH + 1), key=pair.expected_rate) == 1
+    tuner = AutoDepth(MAX_DEPTH)
+    visits = []
+    for _ in range(800):
+        k = tuner.choose()
+        if tuner.decision()["why"] == "explore" and tuner._visit_first:
+            visits.append((tuner.best, k))
+        tuner.observe(k, *pair.play(k))
+    at_one = [k for best, k in visits if best == 1]
+    assert len(at_one) >= 5
+    assert 1 not in at_one and 2 in at_one
+
