@@ -84,9 +84,9 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
         for prompt in prompts:
             for depth in [*depths, "auto"]:
                 opts = GenerateOptions(n_predict=n_predict, n_max=tuner if depth == "auto" else depth)
-                if depth == "auto":
-                    base = n_rounds
-                    opts.trace = lambda r, base=base: trace.append({**r, "round": base + r["round"]})
+                # every run pays for the same trace callback; only auto's records are kept
+                sink = trace if depth == "auto" else []
+                opts.trace = lambda r, base=n_rounds, sink=sink: sink.append({**r, "round": base + r["round"]})
                 s = engine.generate(prompt, opts).stats
                 key = str(depth)
                 tokens[key] += s.n_generated
