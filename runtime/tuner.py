@@ -59,19 +59,22 @@ class AutoDepth(DepthPolicy):
     - A depth's cost is the lower median of its last ``cost_window`` timed rounds (a stall of a
       shared machine moves it by one rank); it leans on the least-squares line through all
       timed drafting depths as on COST_LINE_WEIGHT rounds, and untimed depths take the line.
-    - It starts by probing ``probe`` (``probe_rounds`` each), then exploits; it changes depth
+    - It starts by probing ``probe`` (``probe_rounds`` each, the first untimed, so that one
+      stalled round does not set a depth's first cost), then exploits; it changes depth
       for a ``switch_margin`` better estimate. Plain decoding is the starting point, and leaving
       it takes twice the margin, after the first decision with acceptance moved by ``leave_z``
       standard errors (lower): the evidence about drafting then comes from a few visits, and
       lucky streaks are common.
     - Exploring visits (``visit_rounds`` rounds, the first untimed: it rebuilds llama.cpp's
       graphs for the new batch shape) go to a neighbour of the best depth in the order
-      ``explore_turns`` (None: plain decoding), or, while plain decoding is best, to the most
-      promising drafting depth. Their interval doubles from ``min_explore_every`` to
-      ``max_explore_every`` while they change nothing, and stretches so that their extra time
-      stays within ``explore_budget`` of the generation time (from plain decoding a visit also
-      pays the drafter's catch-up on skipped rows and a rebuild each way). While drafting could
-      still beat plain decoding with acceptance ``look_z`` standard errors higher, it looks again
+      ``explore_turns`` (None: plain decoding, also depth 1's lower neighbour), or, while plain
+      decoding is best, to the most promising drafting depth. Their interval doubles from
+      ``min_explore_every`` to ``max_explore_every`` while they change nothing, and stretches so
+      that their extra time stays within ``explore_budget`` of the generation time (from plain
+      decoding a visit also pays the drafter's catch-up on skipped rows and a rebuild each way;
+      while drafting, the interval never passes ``max_explore_every``). While drafting could
+      still beat plain decoding with acceptance ``look_z`` standard errors higher, or fewer than
+      ``min_evidence`` drafting rounds (decayed) stand behind the estimates, it looks again
       after ``min_explore_every`` rounds: thin evidence is no reason to stop looking.
 
     ``window``: the drafter's sliding window. Once plain decoding is clearly best, visits are at
@@ -82,12 +85,14 @@ class AutoDepth(DepthPolicy):
     Its bookkeeping is a few list passes every ``refit_every`` rounds.
     """
 
-    def __init__(self, max_depth: int, probe=(2, 4, 0), probe_rounds: int = 2,
+    def __init__(self, max_depth: int, probe=(2, 4, 0), probe_rounds: int = 3,
                  min_explore_every: int = 8, max_explore_every: int = 96, memory: float = 48.0,
                  refit_every: int = 8, explore_budget: float = 0.01, max_wait: int = 2048,
                  switch_margin: float = 0.05, unseen_decay: float = 0.97, cost_window: int = 31,
                  explore_turns=(1, -1, 1, -1, 2, -1, None), visit_rounds: int = 2,
-                 leave_z: float = -1.0, look_z: float = 2.0, window: int = 0) -> None:
+                 leave_z: float = -1.0, look_z: float = 2.0, window: int = 0,
+                 min_evidence: float = 12.0) -> None:
+        self.min_evidence = min_evidence
         self.leave_z, self.look_z = leave_z, look_z
         self.window = window
         self.max_depth = max_depth
@@ -280,10 +285,9 @@ class AutoDepth(DepthPolicy):
         step = self.explore_turns[self._explored % len(self.explore_turns)]
         if step is None:
             return 0  # refresh the cost of plain decoding
-        depth = self.best + step
-        if not 1 <= depth <= self.max_depth:
-            depth = self.best - step  # no neighbour on that side: the other one
-        return min(max(depth, 1), self.max_depth)
+        # depth 1's lower neighbour is plain decoding: whether drafting pays at all is the
+        # question there (clamping to 1 visited the best depth itself and learnt nothing)
+        return min(max(self.best + step, 0), self.max_depth)
 
     def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0) -> None:
         self.rounds += 1
@@ -341,7 +345,10 @@ class AutoDepth(DepthPolicy):
         extra, self._visit_extra = self._visit_extra, 0.0
         if self.best == 0:
             tput = self.throughput(z=self.look_z)
-            if max(tput[1:]) >= (1.0 + 2.0 * self.switch_margin) * tput[0]:
+            # (a verdict that keeps the drafter off for two windows needs a few visits behind it:
+            # on a busy machine one visit's times can make any depth look hopeless)
+            thin = self.reach[1] * self._w < self.min_evidence
+            if thin or max(tput[1:]) >= (1.0 + 2.0 * self.switch_margin) * tput[0]:
                 # drafting could still win clearly enough to leave plain decoding, within what
                 # the evidence allows: look again soon, until the evidence says otherwise
                 self.explore_every = self.min_explore
