@@ -98,8 +98,9 @@ def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) ->
     max_depth = engine.drafter.spec.max_draft
     step, spread = [], []
     for k in range(max_depth + 1):
-        # rounds after the first two (graph shapes settled); the median is the depth's cost
-        times = [t for log in round_times(engine, prompts, [k], n_predict) for _, _, t, _ in log[2:]]
+        # rounds after the first two (graph shapes settled); the median is the depth's cost. The
+        # last rounds of a generation are cut to the tokens left: they are not rounds at depth k
+        times = [t for log in round_times(engine, prompts, [k], n_predict) for d, _, t, _ in log[2:] if d == k]
         med = statistics.median(times)
         step.append(med)
         spread += [t / med for t in times]
