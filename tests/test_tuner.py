@@ -153,9 +153,8 @@ def test_once_plain_decoding_is_clearly_best_visits_are_two_windows_apart():
 
 def test_from_depth_one_the_lower_neighbour_is_plain_decoding():
     """At depth 1 the question below is whether drafting pays at all: the turn that visits the
-    lower neighbour times a plain step (it used to clamp to depth 1 itself and learn nothing, and
-    a plain cost misjudged by two stalled probe rounds then kept a drafter that loses at depth 1
-    for hundreds of rounds)."""
+    lower neighbour times a plain step (it used to clamp to depth 1 itself and learn nothing;
+    live, a drafter that loses at depth 1 then held it for 700 rounds)."""
     pair = SimPair(lambda i: 0.8 if i == 1 else 0.05, per_row=0.2, draft=0.1, seed=7)
     assert max(range(MAX_DEPTH + 1), key=pair.expected_rate) == 1
     tuner = AutoDepth(MAX_DEPTH)
@@ -168,7 +167,6 @@ def test_from_depth_one_the_lower_neighbour_is_plain_decoding():
     at_one = [k for best, k in visits if best == 1]
     assert len(at_one) >= 5
     assert 1 not in at_one and at_one.count(0) >= len(at_one) // 3
-
 
 
 def test_a_hard_start_does_not_shut_the_drafter_off():
