@@ -13,7 +13,8 @@ For each workload, prompt by prompt and repeat by repeat, every fixed depth 0..1
 run in turn (interleaved, so the machine's noise falls on all alike). ``auto`` runs with one
 tuner per workload and repeat, fresh at the workload's first prompt and carried across its
 prompts, as one engine serving a stream of requests does. Reported per workload: tokens/s of
-each depth, ``auto`` against the best fixed depth (0 included) and against plain decoding, the
+each depth, ``auto`` against the best fixed depth (0 included) and against plain decoding (also
+with each prompt's time the median of its repeats, which one stall cannot move), the
 quality of the tuner's choices from round 64 on (the mean fixed-depth speed of the depths it
 exploited, relative to the best fixed depth), the strict settling round (from it on, every
 exploiting round uses a depth within 5% of the best), and the tuner's own bookkeeping as a share
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import tempfile
 from collections import defaultdict
@@ -74,6 +76,7 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
 
     tokens, seconds = defaultdict(int), defaultdict(float)
     rounds, accepted = defaultdict(int), defaultdict(int)
+    per_prompt = defaultdict(list)  # (depth, prompt index) -> [(tokens, seconds) per repeat]
     auto_runs = []
     engine.generate(prompts[0], GenerateOptions(n_predict=8, n_max=0))  # warm-up
     for rep in range(repeats):
@@ -81,7 +84,7 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
         trace: list[dict] = []
         t_policy = t_gen = 0.0
         n_rounds = 0
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             for depth in [*depths, "auto"]:
                 opts = GenerateOptions(n_predict=n_predict, n_max=tuner if depth == "auto" else depth)
                 # every run pays for the same trace callback; only auto's records are kept
@@ -91,6 +94,7 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
                 key = str(depth)
                 tokens[key] += s.n_generated
                 seconds[key] += s.t_total
+                per_prompt[key, i].append((s.n_generated, s.t_total))
                 rounds[key] += s.rounds
                 accepted[key] += s.accepted
                 if depth == "auto":
@@ -101,6 +105,12 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
         auto_runs.append({"trace": trace, "t_policy": t_policy, "t_generate": t_gen, "rounds": n_rounds,
                           "final": tuner.describe()})
     tps = {k: tokens[k] / seconds[k] for k in tokens}
+    # the same, with each prompt's time the median of its repeats: a stall of the machine during
+    # one run moves no depth (runs are short, and one depth's stall is another depth's luck)
+    tps_median = {k: sum(statistics.median(n for n, _ in per_prompt[k, i]) for i in range(len(prompts)))
+                  / sum(statistics.median(t for _, t in per_prompt[k, i]) for i in range(len(prompts)))
+                  for k in tokens}
+    fixed_median = {int(k): v for k, v in tps_median.items() if k != "auto"}
     fixed = {int(k): v for k, v in tps.items() if k != "auto"}
     best_depth = max(fixed, key=fixed.get)
     good = {d for d, v in fixed.items() if v >= GOOD_FRACTION * fixed[best_depth]}
@@ -121,6 +131,9 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
         "best_fixed_depth": best_depth,
         "good_depths": sorted(good),
         "auto_vs_best_fixed": tps["auto"] / fixed[best_depth],
+        "tokens_per_s_median_of_repeats": tps_median,
+        "auto_vs_best_fixed_median_of_repeats": tps_median["auto"] / max(fixed_median.values()),
+        "auto_vs_plain_median_of_repeats": tps_median["auto"] / fixed_median[0],
         "auto_vs_plain": tps["auto"] / fixed[0],
         "best_fixed_vs_plain": fixed[best_depth] / fixed[0],
         "settle_round": settles,
@@ -211,11 +224,13 @@ def main(argv=None) -> int:
                                                          progress, task)
     t = Table(title="--n-max auto vs fixed depths (greedy, one process, interleaved)", title_justify="left")
     for col in ("workload", "plain tok/s", "best fixed", "best vs plain", "auto vs best", "auto vs plain",
+                "auto vs best (median of repeats)", "auto vs plain (median of repeats)",
                 "choices after round 64", "strictly settled at round", "auto rounds", "bookkeeping"):
         t.add_column(col, justify="right")
     for name, w in result["workloads"].items():
         t.add_row(name, f"{w['tokens_per_s']['0']:.1f}", str(w["best_fixed_depth"]), f"{w['best_fixed_vs_plain']:.2f}x",
                   f"{w['auto_vs_best_fixed']:.3f}", f"{w['auto_vs_plain']:.3f}",
+                  f"{w['auto_vs_best_fixed_median_of_repeats']:.3f}", f"{w['auto_vs_plain_median_of_repeats']:.3f}",
                   ", ".join(f"{q:.3f}" for q in w["choice_quality_after_64"]),
                   ", ".join("never" if s is None else str(s) for s in w["settle_round"]),
                   ", ".join(str(r) for r in w["auto_rounds"]),
