@@ -344,10 +344,10 @@ class AutoDepth(DepthPolicy):
             return  # the visit goes on
         extra, self._visit_extra = self._visit_extra, 0.0
         if self.best == 0:
-            tput = self.throughput(z=self.look_z)
             # (a verdict that keeps the drafter off for two windows needs a few visits behind it:
             # on a busy machine one visit's times can make any depth look hopeless)
             thin = self.reach[1] * self._w < self.min_evidence
+            tput = None if thin else self.throughput(z=self.look_z)
             if thin or max(tput[1:]) >= (1.0 + 2.0 * self.switch_margin) * tput[0]:
                 # drafting could still win clearly enough to leave plain decoding, within what
                 # the evidence allows: look again soon, until the evidence says otherwise

@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+
 def degraded_drafter(mix: float, seed: int = 0) -> Path:
     """The shipped drafter with every weight w replaced by (1-mix) w + mix r, where r is random
     with w's per-tensor spread (norm weights are mixed towards one), converted to Q8_0."""
@@ -74,7 +75,6 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
     from runtime.replay import GOOD_FRACTION, choice_quality, settle_round
     from runtime.tuner import AutoDepth
 
-    tokens, seconds = defaultdict(int), defaultdict(float)
     rounds, accepted = defaultdict(int), defaultdict(int)
     per_prompt = defaultdict(list)  # (depth, prompt index) -> [(tokens, seconds) per repeat]
     auto_runs = []
@@ -92,8 +92,6 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
                 opts.trace = lambda r, base=n_rounds, sink=sink: sink.append({**r, "round": base + r["round"]})
                 s = engine.generate(prompt, opts).stats
                 key = str(depth)
-                tokens[key] += s.n_generated
-                seconds[key] += s.t_total
                 per_prompt[key, i].append((s.n_generated, s.t_total))
                 rounds[key] += s.rounds
                 accepted[key] += s.accepted
@@ -104,12 +102,17 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
                 progress.advance(task)
         auto_runs.append({"trace": trace, "t_policy": t_policy, "t_generate": t_gen, "rounds": n_rounds,
                           "final": tuner.describe()})
-    tps = {k: tokens[k] / seconds[k] for k in tokens}
+    keys = [str(d) for d in [*depths, "auto"]]
+
+    def rate(key: str, combine) -> float:
+        """tokens/s of ``key``, each prompt's repeats combined by ``combine``"""
+        runs = [per_prompt[key, i] for i in range(len(prompts))]
+        return sum(combine([n for n, _ in r]) for r in runs) / sum(combine([t for _, t in r]) for r in runs)
+
+    tps = {k: rate(k, sum) for k in keys}
     # the same, with each prompt's time the median of its repeats: a stall of the machine during
     # one run moves no depth (runs are short, and one depth's stall is another depth's luck)
-    tps_median = {k: sum(statistics.median(n for n, _ in per_prompt[k, i]) for i in range(len(prompts)))
-                  / sum(statistics.median(t for _, t in per_prompt[k, i]) for i in range(len(prompts)))
-                  for k in tokens}
+    tps_median = {k: rate(k, statistics.median) for k in keys}
     fixed_median = {int(k): v for k, v in tps_median.items() if k != "auto"}
     fixed = {int(k): v for k, v in tps.items() if k != "auto"}
     best_depth = max(fixed, key=fixed.get)
@@ -127,7 +130,7 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
     quality = [choice_quality(d, w, fixed) for d, w in chosen]
     return {
         "tokens_per_s": tps,
-        "mean_accepted": {k: accepted[k] / rounds[k] if rounds[k] and k != "0" else 0.0 for k in tokens},
+        "mean_accepted": {k: accepted[k] / rounds[k] if rounds[k] and k != "0" else 0.0 for k in keys},
         "best_fixed_depth": best_depth,
         "good_depths": sorted(good),
         "auto_vs_best_fixed": tps["auto"] / fixed[best_depth],
