@@ -18,7 +18,9 @@ import os
 import shutil
 import subprocess
 import sys
+import re
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -77,19 +79,42 @@ def build_flags(cuda: bool, cuda_arch: str) -> list[str]:
 
 def driver_flags() -> list[str]:
     """ggml-cuda links libcuda (the driver). Where no driver or toolkit stub is installed (a
-    build-only machine), link against an empty stub with the driver's soname: the symbols
-    resolve at run time from the real driver of the machine that loads the wheel."""
+    build-only machine), link against a stub with the driver's soname that defines every
+    function cuda.h declares: the symbols resolve at run time from the real driver of the
+    machine that loads the wheel. An empty stub does not do: the linker (--as-needed) then
+    drops libcuda.so.1 from the library's needs, and loading it fails on `cuMemCreate`."""
     home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
     candidates = [home / "lib64" / "stubs" / "libcuda.so", Path("/usr/lib/x86_64-linux-gnu/libcuda.so")]
     if any(p.exists() for p in candidates):
         return []
-    stub = cache_root() / "cuda-stub" / "libcuda.so"
+    header = home / "include" / "cuda.h"
+    if not header.exists():
+        raise BuildError(f"{header}: missing; the CUDA toolkit's driver API header is needed for --cuda")
+    # the preprocessor applies cuda.h's versioned names (cuMemAlloc -> cuMemAlloc_v2)
+    pre = subprocess.run(["cc", "-E", "-P", str(header)], capture_output=True, text=True, check=True).stdout
+    names = sorted(set(re.findall(r"\b(cu[A-Z]\w*)\s*\(", pre)))
+    source = "/* link-time stand-in for the CUDA driver; never loaded */\n" + "".join(
+        f"void {n}(void) {{}}\n" for n in names)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    stub = cache_root() / f"cuda-stub-{digest}" / "libcuda.so"  # the path is part of the wheel's cache key
     if not stub.exists():
         stub.parent.mkdir(parents=True, exist_ok=True)
         src = stub.with_suffix(".c")
-        src.write_text("/* empty: a link-time stand-in for the CUDA driver */\n")
+        src.write_text(source)
         subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub), str(src)], check=True)
     return [f"-DCUDA_cuda_driver_LIBRARY={stub}"]
+
+
+def check_driver_link(wheel: Path) -> None:
+    """The CUDA library must name libcuda.so.1 among its needs, or it cannot load anywhere."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z, tempfile.TemporaryDirectory() as tmp:
+        name = next(n for n in z.namelist() if n.startswith("llama_cpp/lib/libggml-cuda.so"))
+        lib = z.extract(name, tmp)
+        dyn = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
+    if "[libcuda.so.1]" not in dyn:
+        raise BuildError(f"{wheel.name}: {name} does not need libcuda.so.1 (the driver stub exported nothing?)")
 
 
 def cublas_flags() -> list[str]:
@@ -201,6 +226,8 @@ def build(tree: Path, flags: list[str], out: Path, cuda: bool) -> Path:
         tail = "\n".join((r.stdout + r.stderr).splitlines()[-40:])
         raise BuildError(f"wheel build failed (full log: {tmp / 'build.log'}):\n{tail}")
     log(f"built in {time.time() - t0:.0f} s")
+    if cuda:
+        check_driver_link(next(tmp.glob("*.whl")))
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
