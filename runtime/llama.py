@@ -83,6 +83,7 @@ class Model:
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True) -> None:
         _init_backend()
         self.path = Path(path)
+        self.n_gpu_layers = n_gpu_layers
         check_gguf_file(self.path)
         params = ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
@@ -173,6 +174,10 @@ class ContextParams:
     kv_type: str = "f16"  # "f32" for bit-exact comparisons with a reference
     swa_full: bool = False
     flash_attn: bool = False
+    # llama.cpp's op offload runs large batches of a CPU-resident model on the GPU. None: only
+    # for a model with GPU layers, so a model placed on the CPU computes on the CPU (the same
+    # kernels for a prompt as for a step, as in a CPU-only build).
+    op_offload: bool | None = None
 
 
 class Context:
@@ -197,6 +202,7 @@ class Context:
         cp.type_v = _KV_TYPES[p.kv_type]
         cp.swa_full = p.swa_full
         cp.flash_attn_type = 1 if p.flash_attn else 0
+        cp.op_offload = model.n_gpu_layers > 0 if p.op_offload is None else p.op_offload
         cp.no_perf = True
         if other is not None:
             cp.ctx_other = other.ptr
