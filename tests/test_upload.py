@@ -535,7 +535,7 @@ def test_end_to_end_in_a_fresh_process(hub, drafter, tmp_path):
         "app.command('noop')(lambda: None)\n"
         "app(sys.argv[1:])\n"
     )
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "PYTHONPATH": str(ROOT), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     run = subprocess.run(
         [sys.executable, "-c", script, "upload", "me/fresh", str(drafter)],
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,
