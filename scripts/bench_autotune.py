@@ -192,6 +192,7 @@ def main(argv=None) -> int:
     ap.add_argument("--degrade", type=float, default=0.6, help="weight mix of the degraded drafter (0: shipped, 1: random)")
     ap.add_argument("--workloads", default="code,prose,degraded")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both models run (cuda: every layer)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     args = ap.parse_args(argv)
@@ -203,6 +204,9 @@ def main(argv=None) -> int:
     from runtime import assets
     from runtime.engine import Engine, EngineConfig
     from runtime.llama import Model
+    from runtime.placement import resolve
+
+    placement = resolve(args.device)
 
     depths = sorted({0, *(int(d) for d in args.depths.split(","))})
     shipped = assets.converted_tiny_drafter()
@@ -217,12 +221,14 @@ def main(argv=None) -> int:
     result = {"command": "python scripts/bench_autotune.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "n_predict": args.n_predict, "repeats": args.repeats, "degrade": args.degrade, "workloads": {}}
     console = Console()
-    with Model(assets.TINY_TARGET) as target, Progress(
+    result["placement"] = placement.describe()
+    with Model(assets.TINY_TARGET, n_gpu_layers=placement.n_gpu_layers) as target, Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=console, transient=True) as progress:
         for name, (drafter, prompts) in plan.items():
             task = progress.add_task(name, total=len(prompts) * (len(depths) + 1) * args.repeats)
-            with Engine(target, drafter, EngineConfig(n_ctx=2048, n_threads=args.threads)) as eng:
+            with Engine(target, drafter, EngineConfig(n_ctx=2048, n_threads=args.threads,
+                                                      n_gpu_layers_draft=placement.n_gpu_layers_draft)) as eng:
                 result["workloads"][name] = run_workload(eng, prompts, depths, args.n_predict, args.repeats,
                                                          progress, task)
     t = Table(title="--n-max auto vs fixed depths (greedy, one process, interleaved)", title_justify="left")

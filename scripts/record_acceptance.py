@@ -1,6 +1,8 @@
 """Record what a depth tuner faces on the laguna-tiny pair, so tuners can be replayed offline.
 
     python scripts/record_acceptance.py --out runtime/assets/laguna-tiny/replay.json
+    python scripts/record_acceptance.py --device cuda --lengths-from runtime/assets/laguna-tiny/replay.json \
+        --out replay-cuda.json     # another clock (here a GPU's) for the same content
 
 Live benchmarks of ``--n-max auto`` on this 2-core machine move by 2-4% between runs, the size
 of the margins being tuned. A replay removes that noise: the drafter's acceptance is a property
@@ -154,6 +156,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--n-predict", type=int, default=96)
     ap.add_argument("--degrade", type=float, default=0.6)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both models run (cuda: every layer)")
+    ap.add_argument("--lengths-from", type=Path,
+                    help="take the match lengths from this recording (they belong to the content) and time only the costs")
     args = ap.parse_args(argv)
 
     from rich.console import Console
@@ -162,24 +167,39 @@ def main(argv=None) -> int:
     from runtime import assets
     from runtime.engine import Engine, EngineConfig
     from runtime.llama import Model
+    from runtime.placement import resolve
     from scripts.bench_autotune import degraded_drafter
+
+    placement = resolve(args.device)
+    config = EngineConfig(n_ctx=2048, n_gpu_layers_draft=placement.n_gpu_layers_draft)
 
     shipped = assets.converted_tiny_drafter()
     code = assets.read_prompts(assets.CODE_PROMPTS)
     plan = {"code": (shipped, code),
             "prose": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "prose.txt")),
             "table": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "table.txt")),
-            "degraded": (degraded_drafter(args.degrade), code)}
+            "degraded": (None, code)}
     result = {"command": "python scripts/record_acceptance.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "drafter_digest": assets.tiny_drafter_digest(), "n_predict": args.n_predict,
-              "degrade": args.degrade, "workloads": {}}
+              "degrade": args.degrade, "placement": placement.describe(), "workloads": {}}
+    if args.lengths_from:
+        earlier = json.loads(args.lengths_from.read_text())
+        for key in ("drafter_digest", "n_predict", "degrade"):
+            if earlier[key] != result[key]:
+                raise SystemExit(f"{args.lengths_from}: {key} is {earlier[key]!r}, expected {result[key]!r}")
+        result["workloads"] = earlier["workloads"]
+        result["lengths_from"] = str(args.lengths_from)
+    else:
+        plan["degraded"] = (degraded_drafter(args.degrade), code)
     console = Console()
-    with Model(assets.TINY_TARGET) as target, Progress(
+    with Model(assets.TINY_TARGET, n_gpu_layers=placement.n_gpu_layers) as target, Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=console) as progress:
         for name, (drafter, prompts) in plan.items():
+            if args.lengths_from:
+                break
             task = progress.add_task(f"match lengths: {name}", total=len(prompts))
-            with Engine(target, drafter, EngineConfig(n_ctx=2048)) as eng:
+            with Engine(target, drafter, config) as eng:
                 lengths = []
                 for p in prompts:
                     lengths.append(match_lengths(eng, p, args.n_predict))
@@ -188,7 +208,7 @@ def main(argv=None) -> int:
         # the cost of a round depends on the prompts (their lengths set the attention's work), not
         # on the drafter's weights: the degraded drafter's workload runs on the code prompts
         result["costs"] = {}
-        with Engine(target, shipped, EngineConfig(n_ctx=2048)) as eng:
+        with Engine(target, shipped, config) as eng:
             for name in ("code", "prose", "table"):
                 task = progress.add_task(f"round costs: {name}", total=16 + 4 + 3)
                 result["costs"][name] = measure_costs(eng, plan[name][1], args.n_predict, progress, task)
