@@ -257,6 +257,7 @@ class Engine:
         t_start = time.perf_counter()
         n_past = len(prompt_tokens)  # target KV holds positions [0, n_past)
         pending: list[np.ndarray] = []  # captured rows not yet in the drafter (plain steps)
+        capturing = drafter is not None
         emitted = [bonus]
         stop_reason = "length"
         while True:
@@ -282,15 +283,20 @@ class Engine:
                 depth = 0
             if depth <= 0:
                 # ---- plain step
+                # while the tuner promises plain steps until this row has slid out of the
+                # drafter's window, no draft reads it: the target need not capture it (on a
+                # GPU each captured row is a copy off the device)
+                need_row = drafter is not None and policy.plain_rounds_ahead() < drafter.spec.sliding_window
+                if need_row != capturing and drafter is not None:
+                    self._set_capture(need_row)
+                    capturing = need_row
                 t1 = time.perf_counter()
                 self.ctx.decode([bonus], [n_past], logits="last")
                 t2 = time.perf_counter()
                 if drafter is not None:
-                    if policy.plain_rounds_ahead() < drafter.spec.sliding_window:
+                    if need_row:
                         pending.append(drafter.captured_features())
                     else:
-                        # no drafting round comes before this row (and every row before it)
-                        # has slid out of the drafter's window: skip reading it
                         drafter.skip_context(sum(len(p) for p in pending) + 1)
                         pending.clear()
                 nxt = sampler.sample(self.ctx.logits_view(0), history[-sampler.history_len:] if sampler.history_len else ())
@@ -309,6 +315,9 @@ class Engine:
                 continue
 
             # ---- draft
+            if not capturing:
+                self._set_capture(True)
+                capturing = True
             t1 = time.perf_counter()
             t_catchup = 0.0
             if pending:

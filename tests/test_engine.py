@@ -122,19 +122,24 @@ class PlainThenDraft(DepthPolicy):
 
 
 def test_plain_steps_skip_only_rows_the_drafter_can_no_longer_see(target, drafter_gguf):
-    """When the policy promises a long run of plain steps, their rows are never read nor fed to
-    the drafter; the drafts afterwards must be exactly those of a drafter that got every row."""
-    drafts = {}
+    """When the policy promises a long run of plain steps, their rows are neither captured nor
+    fed to the drafter; the drafts afterwards must be exactly those of a drafter that got every
+    row."""
+    drafts, switches = {}, {}
     with engine_for(target, drafter_gguf) as eng:
         ref = eng.generate(PROMPT, GenerateOptions(n_predict=4 * WINDOW, n_max=0)).tokens
+        real_set_capture = eng._set_capture
         for honest in (True, False):
-            seen = []
+            seen, switches[honest] = [], []
+            eng._set_capture = lambda on: (switches[honest].append(on), real_set_capture(on))
             out = eng.generate(PROMPT, GenerateOptions(
                 n_predict=4 * WINDOW, n_max=PlainThenDraft(3 * WINDOW, honest),
                 trace=lambda r: seen.append(r["drafted"]) if r["depth"] else None))
             assert out.tokens == ref
             drafts[honest] = seen
     assert drafts[True] and drafts[True] == drafts[False]
+    # capture on for the prompt, off for the promised stretch, on again for the window's rows
+    assert switches[True] == [True, False, True] and switches[False] == [True]
 
 
 def test_sampling_distribution_matches_plain_decoding(target, drafter_gguf):

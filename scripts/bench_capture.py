@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""What hidden-state capture costs a plain decoding step (the target's side of a DFlash pair).
+
+With a drafter loaded, every target decode copies the captured slots' rows out of the graph
+(off the GPU when the target runs there). This times one-row plain steps of the bundled
+target with the drafter's capture slots on and off, in alternating blocks of 16 steps (the
+machine drifts), and prints the median step of each and their ratio, measured in one run.
+
+    python scripts/bench_capture.py [--device cuda] [--steps 512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--steps", type=int, default=512)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    from runtime import assets
+    from runtime.llama import Context, ContextParams, Model
+    from runtime.pair import read_drafter
+    from runtime.placement import resolve
+
+    placement = resolve(args.device)
+    slots = read_drafter(assets.converted_tiny_drafter()).capture_slots
+    block = 16
+    times = {True: [], False: []}
+    with Model(assets.TINY_TARGET, n_gpu_layers=placement.n_gpu_layers) as model, \
+            Context(model, ContextParams(n_ctx=args.steps + 256)) as ctx:
+        prompt = model.tokenize(assets.read_prompts(assets.CODE_PROMPTS)[0])[:128]
+        ctx.decode(prompt, np.arange(len(prompt)), logits="last")
+        tok, pos = int(ctx.logits_row(-1).argmax()), len(prompt)
+        for b in range(args.steps // block):
+            on = b % 2 == 0
+            for s in slots:
+                ctx.set_capture(s, on)
+            for i in range(block):
+                t0 = time.perf_counter()
+                ctx.decode([tok], [pos], logits="last")
+                t = time.perf_counter() - t0
+                if i >= 2:  # the first steps after a toggle rebuild the graph
+                    times[on].append(t)
+                tok, pos = int(ctx.logits_view(0).argmax()), pos + 1
+    on, off = statistics.median(times[True]), statistics.median(times[False])
+    result = {"placement": placement.describe(), "slots": list(slots), "steps": args.steps,
+              "median_step_s": {"capture_on": on, "capture_off": off}, "ratio_on_to_off": on / off}
+    print(f"{placement.describe()}: plain step {1e3 * off:.3f} ms with capture off, {1e3 * on:.3f} ms with "
+          f"slots {list(slots)} captured: x{on / off:.3f}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
