@@ -87,7 +87,9 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
                 i = int(u)
                 t *= q[i] + (q[min(i + 1, len(q) - 1)] - q[i]) * (u - i)
             if last_depth is not None and depth != last_depth:
-                t += rec.depth_change_s
+                # a negative measurement (the GPU clock: there the second round at a new depth
+                # was the slower one) is no saving to be had by changing depth
+                t += max(0.0, rec.depth_change_s)
             catchup = 0.0
             if depth == 0:
                 accepted = 0
@@ -146,13 +148,16 @@ def judge(make_policy, rec: Recording, prompts: list[list[int]], seeds: int) -> 
 def choice_quality(depths: list[int], why: list[str], rate: dict[int, float], start: int = SETTLE_ROUNDS) -> float:
     """Mean, over the exploiting rounds from ``start`` on, of the chosen depth's fixed-depth speed
     relative to the best fixed depth's (1.0: every round at the best depth). Depths without a
-    fixed-depth speed take their timed neighbours' interpolation."""
+    fixed-depth speed take their timed neighbours' interpolation; past the deepest timed depth,
+    that depth's speed."""
     best = max(rate.values())
     known = sorted(rate)
 
     def speed(d: int) -> float:
         if d in rate:
             return rate[d]
+        if d > known[-1]:
+            return rate[known[-1]]
         lo = max(k for k in known if k < d)
         hi = min(k for k in known if k > d)
         return rate[lo] + (rate[hi] - rate[lo]) * (d - lo) / (hi - lo)
