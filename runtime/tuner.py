@@ -8,6 +8,11 @@ from __future__ import annotations
 
 
 COST_LINE_WEIGHT = 3.0  # a drafting depth's cost leans on the line through all depths as on 3 rounds
+# a drafting depth timed MISFIT_MIN_SAMPLES times or more whose median is this far off the line
+# means the costs are not a line (a GPU switches kernels at some batch size): then depths lean
+# on their timed neighbours instead
+COST_LINE_MISFIT = 0.35
+MISFIT_MIN_SAMPLES = 3
 PRIOR_SHRINK = 0.9  # the prior of draft position i+1 is centred at 0.9 x the estimate at i
 
 
@@ -58,7 +63,9 @@ class AutoDepth(DepthPolicy):
       (``unseen_decay``) back to a prior borrowed from the position before.
     - A depth's cost is the lower median of its last ``cost_window`` timed rounds (a stall of a
       shared machine moves it by one rank); it leans on the least-squares line through all
-      timed drafting depths as on COST_LINE_WEIGHT rounds, and untimed depths take the line.
+      timed drafting depths as on COST_LINE_WEIGHT rounds, and untimed depths take the line,
+      or less where timed neighbours show a cheaper stretch; where the costs are not a line
+      (a GPU's kernel switch), each depth leans on its nearest timed neighbours instead.
     - It starts by probing ``probe`` (``probe_rounds`` each, the first untimed, so that one
       stalled round does not set a depth's first cost), then exploits; it changes depth
       for a ``switch_margin`` better estimate. Plain decoding is the starting point, and leaving
@@ -164,7 +171,12 @@ class AutoDepth(DepthPolicy):
         """Round time per depth. A drafting round's time grows about linearly with its depth (one
         more verify row, one more draft row), so every drafting depth's median also informs a
         line; a depth's own median counts as ``len(samples)`` points against the line's
-        ``COST_LINE_WEIGHT``, so a depth timed once or twice leans on its neighbours."""
+        ``COST_LINE_WEIGHT``, so a depth timed once or twice leans on its neighbours. Costs can
+        jump instead (on a GPU a verify batch past some size runs other kernels: 60% dearer at 9
+        rows on an H200), so an untimed depth between timed ones is estimated no dearer than
+        its lower timed neighbour plus the gentlest growth measured, and when a depth timed
+        MISFIT_MIN_SAMPLES times sits more than COST_LINE_MISFIT off the line, each depth leans
+        on its nearest timed neighbours instead of the line."""
         self._update_costs()
         timed = [(k, c, len(self._times[k])) for k, c in self.cost.items() if k > 0]
         slope, mx, my = 0.0, 0.0, float("inf")
@@ -175,13 +187,53 @@ class AutoDepth(DepthPolicy):
             sxx = sum(w * (k - mx) ** 2 for k, _, w in timed)
             if sxx > 0:
                 slope = max(0.0, sum(w * (k - mx) * (c - my) for k, c, w in timed) / sxx)
+            if any(w >= MISFIT_MIN_SAMPLES and abs(c - my - slope * (k - mx)) > COST_LINE_MISFIT * c for k, c, w in timed):
+                return self._piecewise_costs()
         est = [self.cost.get(0, float("inf"))]
+        pts = sorted((k, c) for k, c, _ in timed)
+        gentlest = min((max(0.0, (c1 - c0) / (k1 - k0)) for (k0, c0), (k1, c1) in zip(pts, pts[1:])), default=None)
         for k in range(1, self.max_depth + 1):
             line = my + slope * (k - mx)
             if k in self.cost:
                 w = len(self._times[k])
                 line = (w * self.cost[k] + COST_LINE_WEIGHT * line) / (w + COST_LINE_WEIGHT)
+            elif gentlest is not None and pts[0][0] < k < pts[-1][0]:
+                # between timed depths: no dearer than the lower one plus the gentlest measured
+                # growth, so that a jump in cost (a kernel switch) is looked for where it is,
+                # not spread over the untimed depths below it
+                k0, c0 = max(p for p in pts if p[0] < k)
+                line = min(line, c0 + gentlest * (k - k0))
             est.append(line)
+        return est
+
+    def _piecewise_costs(self) -> list[float]:
+        """Costs from the timed drafting depths' medians, each depth on the segment between its
+        nearest timed neighbours (past the ends, the last segment's slope, never falling); a
+        timed depth blends its own median with its neighbours' segment as cost_estimates does."""
+        timed = sorted((k, c) for k, c in self.cost.items() if k > 0)
+
+        def between(k: int, pts: list[tuple[int, float]]) -> float:
+            below = [p for p in pts if p[0] < k]
+            above = [p for p in pts if p[0] > k]
+            if below and above:
+                (k0, c0), (k1, c1) = below[-1], above[0]
+                return c0 + (c1 - c0) * (k - k0) / (k1 - k0)
+            end = below[-2:] if below else above[:2]
+            if len(end) < 2:
+                return end[0][1] if end else float("inf")
+            (k0, c0), (k1, c1) = end
+            slope = max(0.0, (c1 - c0) / (k1 - k0))
+            k_ref, c_ref = end[-1] if below else end[0]
+            return max(0.0, c_ref + slope * (k - k_ref))
+
+        est = [self.cost.get(0, float("inf"))]
+        for k in range(1, self.max_depth + 1):
+            if k not in self.cost:
+                est.append(between(k, timed))
+                continue
+            seg, w = between(k, [p for p in timed if p[0] != k]), len(self._times[k])
+            est.append(self.cost[k] if seg == float("inf") else
+                       (w * self.cost[k] + COST_LINE_WEIGHT * seg) / (w + COST_LINE_WEIGHT))
         return est
 
     def throughput(self, z: float = 0.0, cost: list[float] | None = None) -> list[float]:
