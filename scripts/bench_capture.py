@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""What hidden-state capture costs a plain decoding step (the target's side of a DFlash pair).
+"""What hidden-state capture costs a plain decoding step, and what the engine adds to one.
 
 With a drafter loaded, every target decode copies the captured slots' rows out of the graph
 (off the GPU when the target runs there). This times one-row plain steps of the bundled
 target with the drafter's capture slots on and off, in alternating blocks of 16 steps (the
 machine drifts), and prints the median step of each and their ratio, measured in one run.
+Then the same prompt through the engine's plain decoding (n_max 0), without a drafter and
+with one loaded, as time per generated token: on an H200 a bare step took 0.28 ms while the
+engine's plain rounds took 1.2-1.3 ms (docs/gpu.md), which this is here to pin down.
 
     python scripts/bench_capture.py [--device cuda] [--steps 512]
 """
@@ -21,6 +24,24 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def engine_plain(placement, prompt: list[int], n: int) -> dict[str, float]:
+    """Seconds per generated token of the engine's plain decoding, without and with a drafter
+    loaded (the best of three generations each, interleaved)."""
+    from runtime import assets
+    from runtime.engine import Engine, EngineConfig, GenerateOptions
+    from runtime.llama import Model
+
+    cfg = EngineConfig(n_ctx=len(prompt) + n + 64, n_gpu_layers_draft=placement.n_gpu_layers_draft)
+    best = {"no drafter": float("inf"), "drafter loaded": float("inf")}
+    with Model(assets.TINY_TARGET, n_gpu_layers=placement.n_gpu_layers) as model, \
+            Engine(model, None, cfg) as alone, Engine(model, assets.converted_tiny_drafter(), cfg) as paired:
+        for _ in range(3):
+            for name, eng in (("no drafter", alone), ("drafter loaded", paired)):
+                stats = eng.generate(prompt, GenerateOptions(n_predict=n, n_max=0)).stats
+                best[name] = min(best[name], stats.t_total / max(1, stats.n_generated - 1))
+    return best
 
 
 def main(argv=None) -> int:
@@ -60,6 +81,12 @@ def main(argv=None) -> int:
               "median_step_s": {"capture_on": on, "capture_off": off}, "ratio_on_to_off": on / off}
     print(f"{placement.describe()}: plain step {1e3 * off:.3f} ms with capture off, {1e3 * on:.3f} ms with "
           f"slots {list(slots)} captured: x{on / off:.3f}")
+    # the engine reports totals: compare means (a busy machine's stalls lift a mean, not a median)
+    bare = result["mean_step_s_capture_off"] = statistics.fmean(times[False])
+    result["engine_plain_s_per_token"] = engine_plain(placement, prompt, min(args.steps, 256))
+    print(f"bare step, capture off: mean {1e3 * bare:.3f} ms")
+    for name, t in result["engine_plain_s_per_token"].items():
+        print(f"engine, plain decoding, {name}: {1e3 * t:.3f} ms per token (x{t / bare:.2f} the bare step's mean)")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
