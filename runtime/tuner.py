@@ -338,8 +338,10 @@ class AutoDepth(DepthPolicy):
         if step is None:
             return 0  # refresh the cost of plain decoding
         # depth 1's lower neighbour is plain decoding: whether drafting pays at all is the
-        # question there (clamping to 1 visited the best depth itself and learnt nothing)
-        return min(max(self.best + step, 0), self.max_depth)
+        # question there (clamping to 1 visited the best depth itself and learnt nothing);
+        # past the deepest depth the turn stops there, or, from the deepest, goes one below
+        depth = min(max(self.best + step, 0), self.max_depth)
+        return depth if depth != self.best else self.best - 1
 
     def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0) -> None:
         self.rounds += 1

@@ -189,6 +189,24 @@ def test_from_depth_one_the_lower_neighbour_is_plain_decoding():
     assert 1 not in at_one and at_one.count(0) >= len(at_one) // 3
 
 
+def test_at_the_deepest_depth_upward_turns_visit_below():
+    """A pair whose every draft is accepted is best at the deepest depth; the turns that would
+    visit above it (clamped, they visited the best depth itself and learnt nothing) go one
+    below instead."""
+    pair = SimPair(lambda i: 1.0, per_row=0.01, draft=0.1, seed=3)
+    assert max(range(MAX_DEPTH + 1), key=pair.expected_rate) == MAX_DEPTH
+    tuner = AutoDepth(MAX_DEPTH)
+    visits = []
+    for _ in range(800):
+        k = tuner.choose()
+        if tuner.decision()["why"] == "explore" and tuner._visit_first:
+            visits.append((tuner.best, k))
+        tuner.observe(k, *pair.play(k))
+    at_top = [k for best, k in visits if best == MAX_DEPTH]
+    assert len(at_top) >= 5
+    assert MAX_DEPTH not in at_top and at_top.count(MAX_DEPTH - 1) >= len(at_top) // 2
+
+
 def test_a_hard_start_does_not_shut_the_drafter_off():
     """A stream whose first rounds defeat the drafter (here: 24 rounds at zero acceptance), then
     turn predictable. A verdict of "plain decoding is clearly best" keeps the drafter off for two
