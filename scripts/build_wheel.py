@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
-import re
 import tarfile
 import tempfile
 import time

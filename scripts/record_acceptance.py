@@ -177,8 +177,7 @@ def main(argv=None) -> int:
     code = assets.read_prompts(assets.CODE_PROMPTS)
     plan = {"code": (shipped, code),
             "prose": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "prose.txt")),
-            "table": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "table.txt")),
-            "degraded": (None, code)}
+            "table": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "table.txt"))}
     result = {"command": "python scripts/record_acceptance.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "drafter_digest": assets.tiny_drafter_digest(), "n_predict": args.n_predict,
               "degrade": args.degrade, "placement": placement.describe(), "workloads": {}}
@@ -189,15 +188,12 @@ def main(argv=None) -> int:
                 raise SystemExit(f"{args.lengths_from}: {key} is {earlier[key]!r}, expected {result[key]!r}")
         result["workloads"] = earlier["workloads"]
         result["lengths_from"] = str(args.lengths_from)
-    else:
-        plan["degraded"] = (degraded_drafter(args.degrade), code)
+    measure_lengths = {} if args.lengths_from else {**plan, "degraded": (degraded_drafter(args.degrade), code)}
     console = Console()
     with Model(assets.TINY_TARGET, n_gpu_layers=placement.n_gpu_layers) as target, Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=console) as progress:
-        for name, (drafter, prompts) in plan.items():
-            if args.lengths_from:
-                break
+        for name, (drafter, prompts) in measure_lengths.items():
             task = progress.add_task(f"match lengths: {name}", total=len(prompts))
             with Engine(target, drafter, config) as eng:
                 lengths = []
