@@ -171,19 +171,24 @@ def test_once_plain_decoding_is_clearly_best_visits_are_two_windows_apart():
     assert ahead[64] >= 0.45 > ahead[0]
 
 
+def first_visit_rounds(tuner: AutoDepth, pair: SimPair, rounds: int) -> list[tuple[int, int]]:
+    """(best depth, visited depth) at the first round of each exploring visit."""
+    visits = []
+    for _ in range(rounds):
+        k = tuner.choose()
+        if tuner.decision()["why"] == "explore" and tuner._visit_first:
+            visits.append((tuner.best, k))
+        tuner.observe(k, *pair.play(k))
+    return visits
+
+
 def test_from_depth_one_the_lower_neighbour_is_plain_decoding():
     """At depth 1 the question below is whether drafting pays at all: the turn that visits the
     lower neighbour times a plain step (it used to clamp to depth 1 itself and learn nothing;
     live, a drafter that loses at depth 1 then held it for 700 rounds)."""
     pair = SimPair(lambda i: 0.8 if i == 1 else 0.05, per_row=0.2, draft=0.1, seed=7)
     assert max(range(MAX_DEPTH + 1), key=pair.expected_rate) == 1
-    tuner = AutoDepth(MAX_DEPTH)
-    visits = []
-    for _ in range(800):
-        k = tuner.choose()
-        if tuner.decision()["why"] == "explore" and tuner._visit_first:
-            visits.append((tuner.best, k))
-        tuner.observe(k, *pair.play(k))
+    visits = first_visit_rounds(AutoDepth(MAX_DEPTH), pair, 800)
     at_one = [k for best, k in visits if best == 1]
     assert len(at_one) >= 5
     assert 1 not in at_one and at_one.count(0) >= len(at_one) // 3
@@ -195,13 +200,7 @@ def test_at_the_deepest_depth_upward_turns_visit_below():
     below instead."""
     pair = SimPair(lambda i: 1.0, per_row=0.01, draft=0.1, seed=3)
     assert max(range(MAX_DEPTH + 1), key=pair.expected_rate) == MAX_DEPTH
-    tuner = AutoDepth(MAX_DEPTH)
-    visits = []
-    for _ in range(800):
-        k = tuner.choose()
-        if tuner.decision()["why"] == "explore" and tuner._visit_first:
-            visits.append((tuner.best, k))
-        tuner.observe(k, *pair.play(k))
+    visits = first_visit_rounds(AutoDepth(MAX_DEPTH), pair, 800)
     at_top = [k for best, k in visits if best == MAX_DEPTH]
     assert len(at_top) >= 5
     assert MAX_DEPTH not in at_top and at_top.count(MAX_DEPTH - 1) >= len(at_top) // 2
