@@ -7,8 +7,8 @@ the same code is covered by test_target_capture, test_drafter_graph and test_eng
 What holds on a GPU, measured on an H200 (docs/gpu.md): llama.cpp's CUDA backend picks its
 kernels by batch size (one-row matrix-vector kernels for a plain step, cuBLAS with TF32 or
 tiled kernels for larger batches), so a row's logits in a verify batch differ from the same
-row decoded alone: up to 0.09 on the bundled Q8_0 target, 0.9 on the F32 one where a MoE
-router flips an expert (scripts/batch_invariance.py). Hence:
+row decoded alone: up to 0.09 on the bundled Q8_0 target, 0.9 on the F32 one (jumps that look
+like a MoE router picking another expert; scripts/batch_invariance.py). Hence:
 - references are matched to GPU_TOL = 5e-2 (measured: 1.4e-2 target logits vs transformers,
   7e-3 drafter logits vs numpy, 7e-3 captured rows between ubatch splits);
 - greedy speculative output equals plain greedy output up to the first near-tie: where they
@@ -71,9 +71,9 @@ def test_offloaded_capture_keeps_row_order_for_any_ubatch_split(gpu_target, refe
     _, split = prefill(gpu_target, reference["tokens"], n_ubatch=n_ubatch, slots=slots)
     for s in slots:
         assert split[s].shape == whole[s].shape == (len(reference["tokens"]), gpu_target.n_embd)
-        # a row whose MoE routing flips between the two kernel choices differs by more than
-        # GPU_TOL (measured on the H200: 8 of 96 rows after the last layer); the rest must not,
-        # and every row must sit where it belongs: nearest to its own row of the whole decode
+        # a few rows jump by more than GPU_TOL between the two kernel choices (measured on the
+        # H200: 8 of 96 after the last layer, up to 1.6); the rest must not, and every row must
+        # sit where it belongs: nearest to its own row of the whole decode
         row_err = np.abs(split[s] - whole[s]).max(axis=1)
         assert np.median(row_err) < GPU_TOL, f"slot {s}"
         dist = np.linalg.norm(split[s][:, None, :] - whole[s][None, :, :], axis=2)
