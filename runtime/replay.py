@@ -60,6 +60,7 @@ class ReplayResult:
     rounds: int = 0
     depths: list[int] = field(default_factory=list)  # per round
     why: list[str] = field(default_factory=list)  # per round: the policy's reason
+    prompt_seconds: list[float] = field(default_factory=list)  # per prompt
 
     @property
     def tokens_per_s(self) -> float:
@@ -67,14 +68,17 @@ class ReplayResult:
 
 
 def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: int = 0,
-           noise: bool = True) -> ReplayResult:
-    """Generate ``rec.n_predict`` tokens for each prompt's match lengths, in order, with one policy."""
+           noise: bool = True, clocks: list[Recording] | None = None) -> ReplayResult:
+    """Generate ``rec.n_predict`` tokens for each prompt's match lengths, in order, with one policy.
+    ``clocks``: per prompt, the recording whose costs apply (a stream of mixed content)."""
     rng = random.Random(seed)
-    q = rec.noise_quantiles
     res = ReplayResult()
     last_depth = None
-    for lengths in prompts:
+    for n_prompt, lengths in enumerate(prompts):
+        rec = clocks[n_prompt] if clocks else rec
+        q = rec.noise_quantiles
         n_out, pending = 1, 0  # the prefill's token; plain-step rows the drafter has not read
+        seconds_before = res.seconds
         while n_out < rec.n_predict:
             depth = min(policy.choose(), rec.n_predict - n_out - 1)
             # as in the engine: a plain step promised to be followed by plain steps past the
@@ -107,6 +111,7 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
             n_out += accepted + 1
             last_depth = depth
         res.tokens += n_out
+        res.prompt_seconds.append(res.seconds - seconds_before)
     return res
 
 
@@ -142,6 +147,33 @@ def judge(make_policy, rec: Recording, prompts: list[list[int]], seeds: int) -> 
         out.vs_plain.append(r.tokens_per_s / fixed[0])
         out.choice_quality.append(choice_quality(r.depths, r.why, fixed))
         out.settle_round.append(settle_round(r.depths, r.why, {k for k, v in fixed.items() if v >= GOOD_FRACTION * best}))
+    return out
+
+
+def judge_stream(make_policy, recs: dict[str, Recording], seeds: int) -> dict[str, list[float]]:
+    """One tuner through a stream of workloads in turn (e.g. code, then tables, then prose),
+    each prompt timed on its own workload's clock: per workload and seed, the tuner's tokens/s
+    over that workload's prompts against the best fixed depth's on them. This is what following
+    a change of content costs; ``judge`` replays each workload from a fresh tuner."""
+    names = list(recs)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    first = recs[names[0]]
+    for seed in range(seeds):
+        stream, clocks, segment = [], [], []
+        for n in names:
+            order = list(recs[n].workloads[n])
+            if seed:
+                random.Random(seed).shuffle(order)
+            stream += order
+            clocks += [recs[n]] * len(order)
+            segment += [n] * len(order)
+        r = replay(make_policy(first.max_depth, window=first.window), first, stream, seed=seed, clocks=clocks)
+        for n in names:
+            prompts = [p for p, s in zip(stream, segment) if s == n]
+            secs = sum(t for t, s in zip(r.prompt_seconds, segment) if s == n)
+            best = max(replay(FixedDepth(k), recs[n], prompts, seed=seed).tokens_per_s
+                       for k in range(first.max_depth + 1))
+            out[n].append(len(prompts) * first.n_predict / secs / best)
     return out
 
 

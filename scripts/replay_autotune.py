@@ -8,7 +8,10 @@ whole stream of prompts; every fixed depth 0..15 is replayed on the same stream 
 noise model. Reported: auto against the best fixed depth (mean and worst seed), against plain
 decoding, the quality of its choices from round 64 on (the mean fixed-depth speed of the depths
 it exploited, relative to the best fixed depth), and how often it settled strictly (every
-exploiting round from 64 on at a depth within 5% of the best). ``scripts/bench_autotune.py`` is the live counterpart.
+exploiting round from 64 on at a depth within 5% of the best). Then (``--stream``) one tuner
+through the workloads in turn, each prompt on its own workload's clock, as the live sweep runs
+them: how much following a change of content costs. ``scripts/bench_autotune.py`` is the live
+counterpart.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--recording", type=Path, default=REPO / "runtime/assets/laguna-tiny/replay.json")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--workloads", default="")
+    ap.add_argument("--stream", default="code,table,prose",
+                    help="also replay one tuner through these workloads in turn (content changes); '' to skip")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
@@ -64,9 +69,23 @@ def main(argv=None) -> int:
                   f"{j['choice_quality_after_64_mean']:.3f}", f"{j['choice_quality_after_64_min']:.3f}",
                   f"{100 * j['settled_by_64']:.0f}% of seeds")
     Console().print(t)
+    result = {"command": "python scripts/replay_autotune.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "workloads": out}
+    if args.stream:
+        from runtime.replay import judge_stream
+
+        segments = args.stream.split(",")
+        stream = judge_stream(AutoDepth, {n: Recording.load(args.recording, costs_of=n) for n in segments}, args.seeds)
+        s = Table(title=f"one tuner through {' -> '.join(segments)} ({args.seeds} seeds): auto vs the best fixed "
+                  "depth on each part", title_justify="left")
+        for col in ("workload", "mean", "worst seed"):
+            s.add_column(col, justify="right")
+        for n, ratios in stream.items():
+            s.add_row(n, f"{statistics.mean(ratios):.3f}", f"{min(ratios):.3f}")
+        Console().print(s)
+        result["stream"] = {"order": segments, "auto_vs_best_fixed": stream}
     if args.json:
-        args.json.write_text(json.dumps({"command": "python scripts/replay_autotune.py " + " ".join(
-            sys.argv[1:] if argv is None else argv), "workloads": out}, indent=1))
+        args.json.write_text(json.dumps(result, indent=1))
     return 0
 
 
