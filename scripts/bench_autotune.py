@@ -29,6 +29,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -78,6 +79,7 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
     rounds, accepted = defaultdict(int), defaultdict(int)
     per_prompt = defaultdict(list)  # (depth, prompt index) -> [(tokens, seconds) per repeat]
     auto_runs = []
+    plain_fixed_s: list[float] = []  # round times of fixed depth 0, for auto's time split
     engine.generate(prompts[0], GenerateOptions(n_predict=8, n_max=0))  # warm-up
     for rep in range(repeats):
         tuner = AutoDepth(engine.drafter.spec.max_draft, window=engine.drafter.spec.sliding_window)
@@ -87,10 +89,14 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
         for i, prompt in enumerate(prompts):
             for depth in [*depths, "auto"]:
                 opts = GenerateOptions(n_predict=n_predict, n_max=tuner if depth == "auto" else depth)
-                # every run pays for the same trace callback; only auto's records are kept
+                # every run pays for the same trace callback; auto's records are kept, and the
+                # round times of plain decoding (a round's time: from the last callback to this)
                 sink = trace if depth == "auto" else []
-                opts.trace = lambda r, base=n_rounds, sink=sink: sink.append({**r, "round": base + r["round"]})
+                opts.trace = lambda r, base=n_rounds, sink=sink, gen=(rep, i): sink.append(
+                    {**r, "round": base + r["round"], "t": time.perf_counter(), "gen": gen})
                 s = engine.generate(prompt, opts).stats
+                if depth == 0:
+                    plain_fixed_s += [b["t"] - a["t"] for a, b in zip(sink, sink[1:])]
                 key = str(depth)
                 per_prompt[key, i].append((s.n_generated, s.t_total))
                 rounds[key] += s.rounds
@@ -146,7 +152,35 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
         "policy_us_per_round": 1e6 * sum(r["t_policy"] for r in auto_runs) / max(1, sum(r["rounds"] for r in auto_runs)),
         "auto_final": [run["final"] for run in auto_runs],
         "auto_traces": [[{k: r[k] for k in ("round", "depth", "why")} for r in run["trace"]] for run in auto_runs],
+        "auto_time_split": time_split([run["trace"] for run in auto_runs], plain_fixed_s),
     }
+
+
+def time_split(traces: list[list[dict]], plain_fixed_s: list[float]) -> dict:
+    """Where auto's time goes, by kind of round (a round's time: from the trace callback of the
+    round before, within one generation): plain steps that follow plain steps, drafting rounds,
+    and first rounds at another depth (after plain steps, including the drafter's catch-up; back
+    to plain steps; between drafting depths); against fixed plain decoding's mean round."""
+    kinds: dict[str, list[float]] = {"plain": [], "drafting": [], "first drafting after plain": [],
+                                     "first plain after drafting": [], "first at another drafting depth": []}
+    for trace in traces:
+        for a, b in zip(trace, trace[1:]):
+            if b["gen"] != a["gen"]:
+                continue  # a new generation: its first round has no start mark
+            if b["depth"] == a["depth"]:
+                kind = "plain" if b["depth"] == 0 else "drafting"
+            elif a["depth"] == 0:
+                kind = "first drafting after plain"
+            elif b["depth"] == 0:
+                kind = "first plain after drafting"
+            else:
+                kind = "first at another drafting depth"
+            kinds[kind].append(b["t"] - a["t"])
+    out = {k: {"rounds": len(v), "mean_ms": 1e3 * statistics.fmean(v) if v else None, "total_s": sum(v)}
+           for k, v in kinds.items()}
+    out["fixed plain"] = {"rounds": len(plain_fixed_s),
+                          "mean_ms": 1e3 * statistics.fmean(plain_fixed_s) if plain_fixed_s else None}
+    return out
 
 
 def plot(result: dict, png: Path) -> None:
@@ -254,6 +288,10 @@ def main(argv=None) -> int:
         d.add_row(name, *(f"{w['tokens_per_s'][k]:.0f}" for k in keys))
         d.add_row("  accepted", "-", *(f"{w['mean_accepted'][k]:.2f}" for k in keys[1:]))
     console.print(d)
+    for name, w in result["workloads"].items():
+        split = w["auto_time_split"]
+        console.print(f"{name}: auto's rounds, mean ms (count): " + ", ".join(
+            f"{k} {v['mean_ms']:.3f} ({v['rounds']})" for k, v in split.items() if v["mean_ms"] is not None))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
         console.print(f"wrote {args.json}")
