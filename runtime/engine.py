@@ -287,7 +287,7 @@ class Engine:
                 # drafter's window, no draft reads it: the target need not capture it (on a
                 # GPU each captured row is a copy off the device)
                 need_row = drafter is not None and policy.plain_rounds_ahead() < drafter.spec.sliding_window
-                if need_row != capturing and drafter is not None:
+                if need_row != capturing:
                     self._set_capture(need_row)
                     capturing = need_row
                 t1 = time.perf_counter()

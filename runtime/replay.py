@@ -132,14 +132,20 @@ class Judgement:
     settle_round: list[int | None]  # see settle_round()
 
 
+def prompt_order(prompts: list[list[int]], seed: int) -> list[list[int]]:
+    """Seed 0: the prompt file's order; any other seed: a shuffle of it."""
+    order = list(prompts)
+    if seed:
+        random.Random(seed).shuffle(order)
+    return order
+
+
 def judge(make_policy, rec: Recording, prompts: list[list[int]], seeds: int) -> Judgement:
     """Replay ``make_policy(rec.max_depth, window=rec.window)`` and every fixed depth on
     ``seeds`` orders of ``prompts``."""
     out = Judgement([], [], [], [])
     for seed in range(seeds):
-        order = list(prompts)
-        if seed:
-            random.Random(seed).shuffle(order)
+        order = prompt_order(prompts, seed)
         fixed = {k: replay(FixedDepth(k), rec, order, seed=seed).tokens_per_s for k in range(rec.max_depth + 1)}
         best = max(fixed.values())
         r = replay(make_policy(rec.max_depth, window=rec.window), rec, order, seed=seed)
@@ -161,9 +167,7 @@ def judge_stream(make_policy, recs: dict[str, Recording], seeds: int) -> dict[st
     for seed in range(seeds):
         stream, clocks, segment = [], [], []
         for n in names:
-            order = list(recs[n].workloads[n])
-            if seed:
-                random.Random(seed).shuffle(order)
+            order = prompt_order(recs[n].workloads[n], seed)
             stream += order
             clocks += [recs[n]] * len(order)
             segment += [n] * len(order)
@@ -173,7 +177,7 @@ def judge_stream(make_policy, recs: dict[str, Recording], seeds: int) -> dict[st
             secs = sum(t for t, s in zip(r.prompt_seconds, segment) if s == n)
             best = max(replay(FixedDepth(k), recs[n], prompts, seed=seed).tokens_per_s
                        for k in range(first.max_depth + 1))
-            out[n].append(len(prompts) * first.n_predict / secs / best)
+            out[n].append(len(prompts) * recs[n].n_predict / secs / best)
     return out
 
 

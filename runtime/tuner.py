@@ -187,16 +187,15 @@ class AutoDepth(DepthPolicy):
             sxx = sum(w * (k - mx) ** 2 for k, _, w in timed)
             if sxx > 0:
                 slope = max(0.0, sum(w * (k - mx) * (c - my) for k, c, w in timed) / sxx)
-            if any(w >= MISFIT_MIN_SAMPLES and abs(c - my - slope * (k - mx)) > COST_LINE_MISFIT * c for k, c, w in timed):
-                return self._piecewise_costs()
-        est = [self.cost.get(0, float("inf"))]
         pts = sorted((k, c) for k, c, _ in timed)
+        if any(w >= MISFIT_MIN_SAMPLES and abs(c - my - slope * (k - mx)) > COST_LINE_MISFIT * c for k, c, w in timed):
+            return self._piecewise_costs(pts)
+        est = [self.cost.get(0, float("inf"))]
         gentlest = min((max(0.0, (c1 - c0) / (k1 - k0)) for (k0, c0), (k1, c1) in zip(pts, pts[1:])), default=None)
         for k in range(1, self.max_depth + 1):
             line = my + slope * (k - mx)
             if k in self.cost:
-                w = len(self._times[k])
-                line = (w * self.cost[k] + COST_LINE_WEIGHT * line) / (w + COST_LINE_WEIGHT)
+                line = self._lean(k, line)
             elif gentlest is not None and pts[0][0] < k < pts[-1][0]:
                 # between timed depths: no dearer than the lower one plus the gentlest measured
                 # growth, so that a jump in cost (a kernel switch) is looked for where it is,
@@ -206,11 +205,16 @@ class AutoDepth(DepthPolicy):
             est.append(line)
         return est
 
-    def _piecewise_costs(self) -> list[float]:
-        """Costs from the timed drafting depths' medians, each depth on the segment between its
-        nearest timed neighbours (past the ends, the last segment's slope, never falling); a
-        timed depth blends its own median with its neighbours' segment as cost_estimates does."""
-        timed = sorted((k, c) for k, c in self.cost.items() if k > 0)
+    def _lean(self, k: int, ref: float) -> float:
+        """A timed depth's own median, counted as its number of samples, against ``ref`` (what
+        its neighbours say) counted as COST_LINE_WEIGHT samples."""
+        w = len(self._times[k])
+        return (w * self.cost[k] + COST_LINE_WEIGHT * ref) / (w + COST_LINE_WEIGHT)
+
+    def _piecewise_costs(self, timed: list[tuple[int, float]]) -> list[float]:
+        """Costs from the timed drafting depths' medians ``timed`` (sorted (depth, cost)), each
+        depth on the segment between its nearest timed neighbours (past the ends, the last
+        segment's slope, never falling); a timed depth leans on its neighbours' segment."""
 
         def between(k: int, pts: list[tuple[int, float]]) -> float:
             below = [p for p in pts if p[0] < k]
@@ -231,9 +235,8 @@ class AutoDepth(DepthPolicy):
             if k not in self.cost:
                 est.append(between(k, timed))
                 continue
-            seg, w = between(k, [p for p in timed if p[0] != k]), len(self._times[k])
-            est.append(self.cost[k] if seg == float("inf") else
-                       (w * self.cost[k] + COST_LINE_WEIGHT * seg) / (w + COST_LINE_WEIGHT))
+            seg = between(k, [p for p in timed if p[0] != k])
+            est.append(self.cost[k] if seg == float("inf") else self._lean(k, seg))
         return est
 
     def throughput(self, z: float = 0.0, cost: list[float] | None = None) -> list[float]:
