@@ -113,3 +113,28 @@ def test_capture_misuse_raises_instead_of_aborting(target):
             ctx.decode([target.n_vocab], [0])
     with pytest.raises(LlamaError, match="not a GGUF"):
         Model(__file__)
+
+
+def test_capture_switched_between_one_row_steps_is_fresh(target, reference):
+    """One-row decodes reuse their graph; switching capture on must not reuse the graph built
+    without it (patch 0005 compares the capture flags instead of forcing a scheduler reserve):
+    every row captured after a switch equals the row of a context that captured throughout."""
+    tokens = [int(t) for t in reference["tokens"]]
+    slots = (2, target.n_layer)
+    _, always = prefill(target, tokens, n_batch=1, n_ubatch=1, slots=slots, logits="last")
+    params = ContextParams(n_ctx=512, n_batch=16, n_ubatch=16, kv_type="f32")
+    with Context(target, params) as ctx:
+        switched = {s: {} for s in slots}
+        for i, tok in enumerate(tokens):
+            on = (i // 3) % 2 == 1  # three steps off, three on, ...
+            if i % 3 == 0:
+                for s in slots:
+                    ctx.set_capture(s, on)
+            ctx.decode([tok], [i])
+            if on:
+                for s in slots:
+                    switched[s][i] = ctx.capture(s)[0]
+    assert len(switched[slots[0]]) >= 3
+    for s in slots:
+        for i, row in switched[s].items():
+            np.testing.assert_array_equal(row, always[s][i], err_msg=f"slot {s}, row {i}")
