@@ -24,7 +24,7 @@ from .drafter import Drafter
 from .llama import Context, ContextParams, LlamaError, Model
 from .pair import read_target
 from .sampling import Sampler, SamplingParams
-from .tuner import DepthPolicy, FixedDepth
+from .tuner import DepthPolicy, FixedDepth, capture_horizon
 
 
 @dataclass
@@ -144,6 +144,8 @@ class Engine:
         self.last_stats: Stats | None = None
         self.last_stop_reason: str | None = None
         self.drafter: Drafter | None = None
+        # plain steps this close to a drafting round read their rows for the drafter
+        self.capture_horizon = capture_horizon(draft_spec.sliding_window if draft_spec else 0)
         if draft_spec is not None:
             self.drafter = Drafter(drafter_path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
                                    kv_type=cfg.kv_type, n_threads=cfg.n_threads, spec=draft_spec,
@@ -283,10 +285,10 @@ class Engine:
                 depth = 0
             if depth <= 0:
                 # ---- plain step
-                # while the tuner promises plain steps until this row has slid out of the
-                # drafter's window, no draft reads it: the target need not capture it (on a
-                # GPU each captured row is a copy off the device)
-                need_row = drafter is not None and policy.plain_rounds_ahead() < drafter.spec.sliding_window
+                # while the tuner promises more plain steps than the drafter reads back before
+                # its next draft, the target need not capture this row (capture costs a CPU
+                # plain step 2%, a GPU one 4%: each captured row is a copy off the device)
+                need_row = drafter is not None and policy.plain_rounds_ahead() < self.capture_horizon
                 if need_row != capturing:
                     self._set_capture(need_row)
                     capturing = need_row

@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .tuner import DepthPolicy, FixedDepth
+from .tuner import DepthPolicy, FixedDepth, capture_horizon
 
 
 @dataclass
@@ -52,6 +52,10 @@ class Recording:
     def max_depth(self) -> int:
         return len(self.round_s) - 1
 
+    @property
+    def horizon(self) -> int:
+        return capture_horizon(self.window)
+
 
 @dataclass
 class ReplayResult:
@@ -78,22 +82,25 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
         rec = clocks[n_prompt] if clocks else rec
         q = rec.noise_quantiles
         n_out, pending = 1, 0  # the prefill's token; plain-step rows the drafter has not read
+        skipping = False  # whether the last plain step skipped its row (capture was off)
         seconds_before = res.seconds
         while n_out < rec.n_predict:
             depth = min(policy.choose(), rec.n_predict - n_out - 1)
-            # as in the engine: a plain step promised to be followed by plain steps past the
-            # drafter's window neither reads its row nor leaves it for a catch-up
-            skip = depth == 0 and policy.plain_rounds_ahead() >= rec.window
+            # as in the engine: a plain step promised to be followed by more plain steps than
+            # the drafter reads back neither reads its row nor leaves it for a catch-up
+            skip = depth == 0 and policy.plain_rounds_ahead() >= rec.horizon
             t = rec.plain_skip_s if skip else rec.round_s[depth]
             if noise:
                 # inverse-CDF draw between the recorded quantiles of round time / median
                 u = rng.random() * (len(q) - 1)
                 i = int(u)
                 t *= q[i] + (q[min(i + 1, len(q) - 1)] - q[i]) * (u - i)
-            if last_depth is not None and depth != last_depth:
-                # a negative measurement (the GPU clock: there the second round at a new depth
+            if (last_depth is not None and depth != last_depth) or (skipping and depth == 0 and not skip):
+                # a new batch shape, or capture switched back on, rebuilds the graphs; a
+                # negative measurement (the GPU clock: there the second round at a new depth
                 # was the slower one) is no saving to be had by changing depth
                 t += max(0.0, rec.depth_change_s)
+            skipping = skip
             catchup = 0.0
             if depth == 0:
                 accepted = 0
@@ -101,7 +108,7 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
             else:
                 accepted = min(depth, lengths[n_out - 1])
                 if pending:
-                    catchup = rec.catchup_s + rec.catchup_per_row_s * min(pending, rec.window)
+                    catchup = rec.catchup_s + rec.catchup_per_row_s * min(pending, rec.horizon)
                 pending = 0
             policy.observe(depth, accepted, t, catchup)
             res.depths.append(depth)

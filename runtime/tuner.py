@@ -14,6 +14,16 @@ COST_LINE_WEIGHT = 3.0  # a drafting depth's cost leans on the line through all 
 COST_LINE_MISFIT = 0.35
 MISFIT_MIN_SAMPLES = 3
 PRIOR_SHRINK = 0.9  # the prior of draft position i+1 is centred at 0.9 x the estimate at i
+# After a stretch of plain steps the drafter reads only the last CATCHUP_ROWS of them (its whole
+# window, if that is smaller) before it drafts again: every row read costs a plain step about 2%
+# (the target's capture), and on the tiny pair drafts after 150 plain steps were accepted as
+# often with only the last 32-128 rows in the drafter's context as with all 512 (docs/autotune.md)
+CATCHUP_ROWS = 64
+
+
+def capture_horizon(window: int) -> int:
+    """How many plain steps before a drafting round read their rows for the drafter."""
+    return min(window, CATCHUP_ROWS) if window > 0 else CATCHUP_ROWS
 
 
 class DepthPolicy:
@@ -85,9 +95,11 @@ class AutoDepth(DepthPolicy):
       after ``min_explore_every`` rounds: thin evidence is no reason to stop looking.
 
     ``window``: the drafter's sliding window. Once plain decoding is clearly best, visits are at
-    least two windows apart, so that half the plain steps between them need not read their rows
-    for the drafter (``plain_rounds_ahead``); a return to predictable content is then noticed
-    within two windows of rounds. 0 leaves the spacing to the budget alone.
+    least two windows apart: live, visits from plain decoding spaced by the budget alone (every
+    200-300 rounds) cost the degraded drafter 1% more than stretches of two windows (0.967 vs
+    0.976 of plain decoding, docs/autotune.md). A return to predictable content is then noticed
+    within two windows of rounds. Only the last ``capture_horizon`` plain steps before a visit
+    read their rows for the drafter (``plain_rounds_ahead``). 0 leaves the spacing to the budget.
 
     Its bookkeeping is a few list passes every ``refit_every`` rounds.
     """
@@ -403,9 +415,7 @@ class AutoDepth(DepthPolicy):
         if self.best == 0:
             # (a verdict that keeps the drafter off for two windows needs a few visits behind it:
             # on a busy machine one visit's times can make any depth look hopeless)
-            thin = self.reach[1] * self._w < self.min_evidence
-            tput = None if thin else self.throughput(z=self.look_z)
-            if thin or max(tput[1:]) >= (1.0 + 2.0 * self.switch_margin) * tput[0]:
+            if self.reach[1] * self._w < self.min_evidence or self._drafting_could_win():
                 # drafting could still win clearly enough to leave plain decoding, within what
                 # the evidence allows: look again soon, until the evidence says otherwise
                 self.explore_every = self.min_explore
@@ -417,11 +427,19 @@ class AutoDepth(DepthPolicy):
             # thin cost estimates are off, and must not put exploring off for hundreds of rounds
             wait = min(wait, self.max_explore)
         if self.best == 0:
-            # plain decoding is clearly best: promise a stretch of two drafter windows, so that
-            # its first half of plain steps need not read their rows for the drafter (a row read
-            # costs more, over a stretch, than the visits a shorter stretch would make)
+            # plain decoding is clearly best: promise a stretch of two drafter windows (all but
+            # its last capture_horizon plain steps need not read their rows for the drafter)
             wait = max(wait, 2 * self.window)
         self.next_explore = max(self.next_explore, self.rounds + wait)
+
+    def _drafting_could_win(self) -> bool:
+        """Whether some depth would beat plain decoding clearly enough to leave it, with every
+        acceptance estimate ``look_z`` standard errors higher. (Positions that no visit reaches
+        keep their prior's width; making only positions with evidence optimistic ended the
+        degraded drafter's first visits sooner but no faster live, and shut a drafter whose first
+        24 rounds were hopeless off for the stream: tests/test_tuner.py)"""
+        tput = self.throughput(z=self.look_z)
+        return max(tput[1:]) >= (1.0 + 2.0 * self.switch_margin) * tput[0]
 
     def decision(self) -> dict:
         return self._decision

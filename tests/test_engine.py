@@ -142,6 +142,22 @@ def test_plain_steps_skip_only_rows_the_drafter_can_no_longer_see(target, drafte
     assert switches[True] == [True, False, True] and switches[False] == [True]
 
 
+def test_after_a_promised_stretch_the_drafter_reads_only_the_capture_horizon(target, drafter_gguf):
+    """Of a long promised stretch of plain steps, only the last ``capture_horizon`` read their
+    rows for the drafter (here 8 of a 24-row window); greedy output is unchanged."""
+    with engine_for(target, drafter_gguf) as eng:
+        assert eng.capture_horizon == WINDOW  # min(window, CATCHUP_ROWS)
+        ref = eng.generate(PROMPT, GenerateOptions(n_predict=3 * WINDOW, n_max=0)).tokens
+        eng.capture_horizon = 8
+        read = []
+        real_inject = eng.drafter.inject_visible
+        eng.drafter.inject_visible = lambda f, *a: (read.append(len(f)), real_inject(f, *a))[1]
+        out = eng.generate(PROMPT, GenerateOptions(n_predict=3 * WINDOW, n_max=PlainThenDraft(2 * WINDOW, True)))
+        assert out.tokens == ref
+        # the prompt's rows at prefill, then the catch-up before the first draft
+        assert read[1:] == [8]
+
+
 def test_sampling_distribution_matches_plain_decoding(target, drafter_gguf):
     """With temperature 1 (top-k 2, so that the greedy drafts are often accepted), token
     frequencies at n_max 4 must match plain sampling: a two-sample chi-square test per position

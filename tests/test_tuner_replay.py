@@ -75,6 +75,28 @@ def test_replay_moves_by_accepted_plus_one_and_charges_each_round():
     assert replay(FixedDepth(0), rec, rec.workloads["w"], noise=False).seconds == pytest.approx(9 * 0.75)
 
 
+def test_replay_charges_the_catch_up_of_the_capture_horizon_only():
+    """Plain steps promised a stretch longer than the capture horizon skip their rows; switching
+    capture back on rebuilds the graphs (charged as a depth change), and the catch-up reads the
+    rows read since."""
+    rec = Recording(workloads={"w": [[2] * 20]}, round_s=[1.0, 2.0, 3.0, 4.0], plain_skip_s=0.75,
+                    depth_change_s=0.5, catchup_s=0.125, catchup_per_row_s=0.25, noise_quantiles=[1.0, 1.0],
+                    n_predict=8, window=2)  # a window of 2: the horizon is 2 rows
+    script = iter([(0, 5), (0, 2), (0, 1), (0, 0), (2, 0)])
+
+    class Promising(DepthPolicy):
+        def choose(self):
+            self.depth, self.ahead = next(script)
+            return self.depth
+
+        def plain_rounds_ahead(self):
+            return self.ahead
+
+    r = replay(Promising(), rec, rec.workloads["w"], noise=False)
+    assert rec.horizon == 2 and r.depths == [0, 0, 0, 0, 2]
+    assert r.seconds == pytest.approx(0.75 + 0.75 + (1.0 + 0.5) + 1.0 + (3.0 + 0.5 + 0.125 + 2 * 0.25))
+
+
 # Issue 7's code line (0.95 of the best fixed depth, choices after round 64 as good) holds on
 # the calm clock. On the busy one, whose round times reach 7x their median, the tuner's cost
 # estimates are noisier than any fixed depth's speed: 0.952 over 40 orders (docs/autotune.md),
