@@ -286,8 +286,8 @@ class Engine:
             if depth <= 0:
                 # ---- plain step
                 # while the tuner promises more plain steps than the drafter reads back before
-                # its next draft, the target need not capture this row (capture costs a CPU
-                # plain step 2%, a GPU one 4%: each captured row is a copy off the device)
+                # its next draft, the target need not capture this row (each captured row is
+                # copied out of the graph, off the device on a GPU, and queued for the drafter)
                 need_row = drafter is not None and policy.plain_rounds_ahead() < self.capture_horizon
                 if need_row != capturing:
                     self._set_capture(need_row)

@@ -15,9 +15,10 @@ COST_LINE_MISFIT = 0.35
 MISFIT_MIN_SAMPLES = 3
 PRIOR_SHRINK = 0.9  # the prior of draft position i+1 is centred at 0.9 x the estimate at i
 # After a stretch of plain steps the drafter reads only the last CATCHUP_ROWS of them (its whole
-# window, if that is smaller) before it drafts again: every row read costs a plain step about 2%
-# (the target's capture), and on the tiny pair drafts after 150 plain steps were accepted as
-# often with only the last 32-128 rows in the drafter's context as with all 512 (docs/autotune.md)
+# window, if that is smaller) before it drafts again: every row read costs a tiny plain step
+# 1-2% (the target's capture, the copy for the drafter), and on the tiny pair drafts after 150
+# plain steps were accepted as often with only the last 32-128 rows in the drafter's context as
+# with all 512 (docs/autotune.md)
 CATCHUP_ROWS = 64
 
 

@@ -7,7 +7,8 @@ target with the drafter's capture slots on and off, in alternating blocks of 16 
 machine drifts), and prints the median step of each and their ratio, measured in one run.
 Then the same prompt through the engine's plain decoding (n_max 0), without a drafter and
 with one loaded, as time per generated token: on an H200 a bare step took 0.28 ms while the
-engine's plain rounds took 1.2-1.3 ms (docs/gpu.md), which this is here to pin down.
+engine's plain rounds took 1.2-1.3 ms (docs/gpu.md). That bare step was timed around the
+decode call alone, which on a GPU only queues the work; a step now ends when its logits are read.
 
     python scripts/bench_capture.py [--device cuda] [--steps 512]
 """
@@ -70,12 +71,15 @@ def main(argv=None) -> int:
             for s in slots:
                 ctx.set_capture(s, on)
             for i in range(block):
+                # a step ends when its logits are read: llama_decode only queues the work of a
+                # GPU backend, and reading the logits waits for it (session 5 timed the decode
+                # call alone, 0.28 ms on an H200: the launch, not the step)
                 t0 = time.perf_counter()
                 ctx.decode([tok], [pos], logits="last")
+                tok, pos = int(ctx.logits_view(0).argmax()), pos + 1
                 t = time.perf_counter() - t0
                 if i >= 2:  # the first steps after a toggle rebuild the graph
                     times[on].append(t)
-                tok, pos = int(ctx.logits_view(0).argmax()), pos + 1
     on, off = statistics.median(times[True]), statistics.median(times[False])
     result = {"placement": placement.describe(), "slots": list(slots), "steps": args.steps,
               "median_step_s": {"capture_on": on, "capture_off": off}, "ratio_on_to_off": on / off}
