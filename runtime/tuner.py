@@ -18,7 +18,7 @@ PRIOR_SHRINK = 0.9  # the prior of draft position i+1 is centred at 0.9 x the es
 # window, if that is smaller) before it drafts again: every row read costs a tiny plain step
 # 1-2% (the target's capture, the copy for the drafter), and on the tiny pair drafts after 150
 # plain steps were accepted as often with only the last 32-128 rows in the drafter's context as
-# with all 512 (docs/autotune.md)
+# with all 512 (scripts/bench_capture_horizon.py, docs/autotune.md)
 CATCHUP_ROWS = 64
 
 
