@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--visit", type=int, default=4)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("--n-predict", type=int, default=460)
-    ap.add_argument("--workloads", default="code,prose")
+    ap.add_argument("--workloads", default="code,prose", help="prompt files for the acceptance part ('' to skip it)")
     ap.add_argument("--ab", action="store_true", help="also time auto with both horizons on the degraded drafter")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path)
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     # an F32 cache makes greedy speculative output equal plain decoding's on this CPU, so the
     # output must not depend on the horizon (with F16, near-ties may part: docs/demo-pair.md)
     with Engine.load(assets.TINY_TARGET, drafter, EngineConfig(kv_type="f32")) as engine:
-        for name in args.workloads.split(","):
+        for name in filter(None, args.workloads.split(",")):
             prompts = assets.read_prompts(assets.PROMPTS_DIR / f"{name}.txt")
             r = result["acceptance"][name] = acceptance_by_rows(engine, prompts, rows, args)
             console.print(f"{name}: mean accepted per visit round ({r[f'{rows[0]}_visit_rounds']} rounds) by rows "
