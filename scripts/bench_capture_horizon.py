@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from collections import defaultdict
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
     console = Console()
     rows = [int(r) for r in args.rows.split(",")]
     drafter = assets.converted_tiny_drafter()
-    result = {"command": "python scripts/bench_capture_horizon.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": "python scripts/bench_capture_horizon.py " + shlex.join(sys.argv[1:] if argv is None else argv),
               "stretch": args.stretch, "visit": args.visit, "depth": args.depth, "acceptance": {}}
     # an F32 cache makes greedy speculative output equal plain decoding's on this CPU, so the
     # output must not depend on the horizon (with F16, near-ties may part: docs/demo-pair.md)
