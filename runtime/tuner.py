@@ -14,6 +14,9 @@ COST_LINE_WEIGHT = 3.0  # a drafting depth's cost leans on the line through all 
 COST_LINE_MISFIT = 0.35
 MISFIT_MIN_SAMPLES = 3
 PRIOR_SHRINK = 0.9  # the prior of draft position i+1 is centred at 0.9 x the estimate at i
+# exploit no depth more than this beyond the deepest timed one: past it the cost is the line's
+# extrapolation, and visits (best+1, best+2) time the way there
+EXPLOIT_REACH = 2
 # After a stretch of plain steps the drafter reads only the last CATCHUP_ROWS of them (its whole
 # window, if that is smaller) before it drafts again: every row read costs a tiny plain step
 # 1-2% (the target's capture, the copy for the drafter), and on the tiny pair drafts after 150
@@ -77,6 +80,8 @@ class AutoDepth(DepthPolicy):
       timed drafting depths as on COST_LINE_WEIGHT rounds, and untimed depths take the line,
       or less where timed neighbours show a cheaper stretch; where the costs are not a line
       (a GPU's kernel switch), each depth leans on its nearest timed neighbours instead.
+    - It exploits no depth more than EXPLOIT_REACH beyond the deepest one timed: deeper costs
+      are extrapolated, and exploring visits reach them a step or two at a time.
     - It starts by probing ``probe`` (``probe_rounds`` each, the first untimed, so that one
       stalled round does not set a depth's first cost), then exploits; it changes depth
       for a ``switch_margin`` better estimate. Plain decoding is the starting point, and leaving
@@ -276,6 +281,9 @@ class AutoDepth(DepthPolicy):
         self._forget_unseen()
         cost = self._cost_cache = self.cost_estimates()
         acc, reach, w = self.acc, self.reach, self._w
+        # (live, a jump from timed depths 2-6 to an extrapolated 15 took over 50 rounds to walk
+        # back, one depth per refit, at 0.67-0.88 of the best depth's speed)
+        farthest = max((k for k in self.cost if k > 0), default=self.max_depth) + EXPLOIT_REACH
         best, best_rate = 0, (1.0 / cost[0] if cost[0] > 0 else 0.0)
         current_rate = best_rate
         a, p, e = 0.5 / PRIOR_SHRINK, 1.0, 1.0
@@ -286,7 +294,7 @@ class AutoDepth(DepthPolicy):
             rate = e / cost[i] if cost[i] > 0 else 0.0
             if i == self.best:
                 current_rate = rate
-            if rate > best_rate:
+            if rate > best_rate and i <= farthest:
                 best, best_rate = i, rate
         if self.best == 0 and best != 0:
             # leaving plain decoding costs more than the estimates show (the drafter catches up

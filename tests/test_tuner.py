@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from runtime.tuner import AutoDepth, FixedDepth
+from runtime.tuner import EXPLOIT_REACH, AutoDepth, FixedDepth
 
 MAX_DEPTH = 15
 
@@ -149,6 +149,21 @@ def test_a_jump_in_cost_is_found_and_stayed_below():
         rate, _ = run(AutoDepth(MAX_DEPTH), pair, 600)
         rates.append(rate / pair.best_rate())
     assert sum(rates) / len(rates) >= 0.9, rates
+
+
+def test_no_jump_past_the_timed_depths():
+    """Past the deepest timed depth a cost is the line's extrapolation; on the kernel-switch
+    clock that line promises cheap deep rounds. An exploiting round goes at most EXPLOIT_REACH
+    beyond the deepest depth timed so far (live, a jump from 2-6 to 15 took over 50 rounds to
+    walk back, one depth per refit)."""
+    for seed in range(4):
+        pair = KernelSwitch(lambda i: 0.95, per_row=0.03, draft=0.6, seed=seed)
+        tuner = AutoDepth(MAX_DEPTH)
+        for _ in range(400):
+            k = tuner.choose()
+            if tuner.decision()["why"] == "exploit" and k:
+                assert k <= max(d for d in tuner.cost if d > 0) + EXPLOIT_REACH, (seed, k, sorted(tuner.cost))
+            tuner.observe(k, *pair.play(k))
 
 
 def test_once_plain_decoding_is_clearly_best_visits_are_two_windows_apart():
