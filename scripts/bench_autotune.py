@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import statistics
 import sys
@@ -252,7 +253,7 @@ def main(argv=None) -> int:
     plan = {k: plan[k] for k in args.workloads.split(",")}
     if "degraded" in plan:
         plan["degraded"] = (degraded_drafter(args.degrade), plan["degraded"][1])
-    result = {"command": "python scripts/bench_autotune.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": "python scripts/bench_autotune.py " + shlex.join(sys.argv[1:] if argv is None else argv),
               "n_predict": args.n_predict, "repeats": args.repeats, "degrade": args.degrade, "workloads": {}}
     console = Console()
     result["placement"] = placement.describe()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
                   ", ".join(f"{100 * r['share']:.2f}%" for r in rs))
     Console().print(t)
     if args.json:
-        cmd = "python scripts/bench_bookkeeping.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        cmd = "python scripts/bench_bookkeeping.py " + shlex.join(sys.argv[1:] if argv is None else argv)
         args.json.write_text(json.dumps({"command": cmd, "runs": runs}, indent=1))
     return 0
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -178,7 +179,7 @@ def main(argv=None) -> int:
     plan = {"code": (shipped, code),
             "prose": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "prose.txt")),
             "table": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "table.txt"))}
-    result = {"command": "python scripts/record_acceptance.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": "python scripts/record_acceptance.py " + shlex.join(sys.argv[1:] if argv is None else argv),
               "drafter_digest": assets.tiny_drafter_digest(), "n_predict": args.n_predict,
               "degrade": args.degrade, "placement": placement.describe(), "workloads": {}}
     if args.lengths_from:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
                   f"{j['choice_quality_after_64_mean']:.3f}", f"{j['choice_quality_after_64_min']:.3f}",
                   f"{100 * j['settled_by_64']:.0f}% of seeds")
     Console().print(t)
-    result = {"command": "python scripts/replay_autotune.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": "python scripts/replay_autotune.py " + shlex.join(sys.argv[1:] if argv is None else argv),
               "workloads": out}
     if args.stream:
         from runtime.replay import judge_stream
