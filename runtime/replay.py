@@ -6,8 +6,10 @@ accepts min(k, L_t)), and the pair's round costs on the machine that recorded it
 walks through the prompts as the engine would (a round at position t with depth k moves on by
 min(k, L_t) + 1 tokens; the depth is capped so a round never passes the end) and charges each
 round its cost (a plain step's depends on whether it must read its row for the drafter) times
-a noise factor drawn from the recorded spread, plus the extra time of a change of depth and the
-drafter's catch-up after plain steps; the policy observes exactly what the engine would report.
+a noise factor drawn from the recorded spread (where the recording measured the clock's drift,
+part of that factor is a slow one shared by successive rounds), plus the extra time of a change
+of depth and the drafter's catch-up after plain steps; the policy observes exactly what the
+engine would report.
 Round i of a replay draws the same noise whatever the policy, so two policies replayed with one
 seed meet the same clock. A replay is deterministic per seed and fast: a tuner can be judged
 over many prompt orders and noise draws in the time one live benchmark takes.
@@ -16,6 +18,7 @@ over many prompt orders and noise draws in the time one live benchmark takes.
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +40,12 @@ class Recording:
     n_predict: int
     drafter_digest: str = ""
     window: int = 512
+    # the clock's slow part: round times on a shared machine (and over prompts of different
+    # lengths) drift together, so successive rounds are not independent draws. ``drift_phi``:
+    # the lag-one correlation of that slow factor; ``drift_share``: its share of the variance
+    # of log(round time / median). 0: every round an independent draw.
+    drift_phi: float = 0.0
+    drift_share: float = 0.0
 
     @classmethod
     def load(cls, path: Path, costs_of: str = "code") -> "Recording":
@@ -46,7 +55,8 @@ class Recording:
         return cls(workloads=raw["workloads"], round_s=c["round_s"], plain_skip_s=c["plain_skip_s"],
                    depth_change_s=c["depth_change_s"], catchup_s=c["catchup_s"],
                    catchup_per_row_s=c["catchup_per_row_s"], noise_quantiles=c["noise_quantiles"],
-                   n_predict=raw["n_predict"], drafter_digest=raw.get("drafter_digest", ""), window=c["window"])
+                   n_predict=raw["n_predict"], drafter_digest=raw.get("drafter_digest", ""), window=c["window"],
+                   drift_phi=c.get("drift_phi", 0.0), drift_share=c.get("drift_share", 0.0))
 
     @property
     def max_depth(self) -> int:
@@ -76,6 +86,7 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
     """Generate ``rec.n_predict`` tokens for each prompt's match lengths, in order, with one policy.
     ``clocks``: per prompt, the recording whose costs apply (a stream of mixed content)."""
     rng = random.Random(seed)
+    drift_rng, slow = random.Random(f"drift-{seed}"), None  # the slow factor: log, AR(1)
     res = ReplayResult()
     last_depth = None
     for n_prompt, lengths in enumerate(prompts):
@@ -94,7 +105,15 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
                 # inverse-CDF draw between the recorded quantiles of round time / median
                 u = rng.random() * (len(q) - 1)
                 i = int(u)
-                t *= q[i] + (q[min(i + 1, len(q) - 1)] - q[i]) * (u - i)
+                factor = q[i] + (q[min(i + 1, len(q) - 1)] - q[i]) * (u - i)
+                if rec.drift_share > 0:
+                    # the recorded spread split into a slow factor and a fast one (about the
+                    # same interquartile range: tests/test_tuner_replay.py)
+                    sd = rec.drift_share ** 0.5 * log_spread(q)
+                    step = drift_rng.gauss(0.0, sd)
+                    slow = step if slow is None else rec.drift_phi * slow + (1 - rec.drift_phi ** 2) ** 0.5 * step
+                    factor = factor ** ((1 - rec.drift_share) ** 0.5) * math.exp(slow)
+                t *= factor
             if (last_depth is not None and depth != last_depth) or (skipping and depth == 0 and not skip):
                 # a new batch shape, or capture switched back on, rebuilds the graphs; a
                 # negative measurement (the GPU clock: there the second round at a new depth
@@ -120,6 +139,12 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
         res.tokens += n_out
         res.prompt_seconds.append(res.seconds - seconds_before)
     return res
+
+
+def log_spread(quantiles: list[float]) -> float:
+    """A robust standard deviation of log(round time / median): the interquartile range / 1.349."""
+    n = len(quantiles) - 1
+    return (math.log(quantiles[3 * n // 4]) - math.log(quantiles[n // 4])) / 1.349
 
 
 # -- judging a tuner's choices (shared by the replay and the live benchmark)

@@ -18,7 +18,9 @@ recorded once as a cost table. ``runtime/replay.py`` then plays any depth policy
   not (the tuner promised plain steps past the drafter's window); the extra time of a round
   whose depth differs from the round before (llama.cpp rebuilds its graphs for the new batch
   shape); the drafter's catch-up on the rows of plain steps before a drafting round (a fixed
-  part and a part per row); the spread of round times (the clock's noise).
+  part and a part per row); the spread of round times (the clock's noise) and its drift (how
+  alike successive rounds' times are: a shared machine's load and the prompts' lengths move
+  them together), from the autocorrelation of the fixed-depth runs' round times.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def round_times(engine, prompts: list[str], schedule: list[int], n_predict: int,
 
 def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) -> dict:
     max_depth = engine.drafter.spec.max_draft
-    step, spread = [], []
+    step, spread, runs = [], [], []
     for k in range(max_depth + 1):
         # rounds after the first two (graph shapes settled); the median is the depth's cost. The
         # last rounds of a generation are cut to the tokens left: they are not rounds at depth k
@@ -107,6 +109,7 @@ def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) ->
         med = statistics.median(times)
         step.append(med)
         spread += [t / med for t in times]
+        runs.append([t / med for t in times])
         progress.advance(task)
     # plain steps that read their rows for the drafter and plain steps that need not (the tuner
     # promised a stretch past the window), prompt by prompt in turn: the difference is small
@@ -149,7 +152,27 @@ def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) ->
         "catchup_per_row_s": max(0.0, float(per_row)),
         # quantiles of round time / its depth's median: the replay draws its noise from these
         "noise_quantiles": [spread[int(q * (len(spread) - 1))] for q in np.linspace(0, 1, 41)],
+        **drift(runs),
     }
+
+
+def drift(runs: list[list[float]]) -> dict:
+    """The slow part of the clock, from runs of successive rounds (each round's time over its
+    depth's median): the autocorrelation of log(ratio) at lag L is taken as share * phi**L (a
+    slow AR(1) factor plus independent noise), fitted from lags 1 and 4."""
+    def acf(lag: int) -> float:
+        num = den = 0.0
+        for run in runs:
+            x = np.clip(np.log(np.asarray(run)), -0.5, 0.5)  # a stall is not drift
+            x = x - x.mean()
+            num += float(np.dot(x[:-lag], x[lag:]))
+            den += float(np.dot(x, x)) * (len(x) - lag) / len(x)
+        return num / den if den > 0 else 0.0
+    a1, a4 = acf(1), acf(4)
+    if a1 <= 0 or a4 <= 0:
+        return {"drift_phi": 0.0, "drift_share": 0.0, "acf": [a1, a4]}
+    phi = min(0.99, (a4 / a1) ** (1 / 3))
+    return {"drift_phi": phi, "drift_share": min(1.0, a1 / phi), "acf": [a1, a4]}
 
 
 def main(argv=None) -> int:
@@ -214,7 +237,8 @@ def main(argv=None) -> int:
     for name, c in result["costs"].items():
         console.print(f"{name}: round ms by depth " + " ".join(f"{1e3 * t:.2f}" for t in c["round_s"])
                       + f"; plain step without rows {1e3 * c['plain_skip_s']:.2f}; depth change +{1e3 * c['depth_change_s']:.2f} ms"
-                      + f"; catch-up {1e3 * c['catchup_s']:.2f} ms + {1e6 * c['catchup_per_row_s']:.0f} us/row")
+                      + f"; catch-up {1e3 * c['catchup_s']:.2f} ms + {1e6 * c['catchup_per_row_s']:.0f} us/row"
+                      + f"; drift phi {c['drift_phi']:.2f}, share {c['drift_share']:.2f}")
     for name, lengths in result["workloads"].items():
         flat = [x for row in lengths for x in row]
         console.print(f"{name}: mean match length {sum(flat) / len(flat):.2f} over {len(flat)} positions")
