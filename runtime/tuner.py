@@ -85,9 +85,10 @@ class AutoDepth(DepthPolicy):
     - It starts by probing ``probe`` (``probe_rounds`` each, the first untimed, so that one
       stalled round does not set a depth's first cost), then exploits; it changes depth
       for a ``switch_margin`` better estimate. Plain decoding is the starting point, and leaving
-      it takes twice the margin, after the first decision with acceptance moved by ``leave_z``
-      standard errors (lower): the evidence about drafting then comes from a few visits, and
-      lucky streaks are common.
+      it takes twice the margin: the evidence about drafting then comes from a few visits, and
+      lucky streaks are common. (``leave_z`` < 0 also moves acceptance that many standard
+      errors lower for it after the first decision; -1 kept prose in plain decoding for its
+      first 100 rounds, and 0 lost nothing on the degraded drafter: docs/autotune.md.)
     - Exploring visits (``visit_rounds`` rounds, the first untimed: it rebuilds llama.cpp's
       graphs for the new batch shape) go to a neighbour of the best depth in the order
       ``explore_turns`` (None: plain decoding, also depth 1's lower neighbour), or, while plain
@@ -115,7 +116,7 @@ class AutoDepth(DepthPolicy):
                  refit_every: int = 8, explore_budget: float = 0.01, max_wait: int = 2048,
                  switch_margin: float = 0.05, unseen_decay: float = 0.97, cost_window: int = 31,
                  explore_turns=(1, -1, 1, -1, 2, -1, None), visit_rounds: int = 2,
-                 leave_z: float = -1.0, look_z: float = 2.0, window: int = 0,
+                 leave_z: float = 0.0, look_z: float = 2.0, window: int = 0,
                  min_evidence: float = 12.0) -> None:
         self.min_evidence = min_evidence
         self.leave_z, self.look_z = leave_z, look_z
@@ -299,9 +300,8 @@ class AutoDepth(DepthPolicy):
         if self.best == 0 and best != 0:
             # leaving plain decoding costs more than the estimates show (the drafter catches up
             # on the rows it skipped), and the evidence about drafting comes from a few visits:
-            # it needs a clear win even with acceptance one standard error lower
-            # (the first decision, right after the probes, has only the probes to go by: the
-            # estimate itself, so a pair whose drafts clearly win starts drafting at once)
+            # it needs a clear win (with acceptance leave_z standard errors off, except at the
+            # first decision, which has only the probes to go by)
             z = self.leave_z if self.rounds > self._probe_len else 0.0
             best_rate = self.throughput(z=z, cost=cost)[best]
             return best if best_rate > (1.0 + 2.0 * self.switch_margin) * current_rate else 0
