@@ -160,6 +160,7 @@ def drift(runs: list[list[float]]) -> dict:
     """The slow part of the clock, from runs of successive rounds (each round's time over its
     depth's median): the autocorrelation of log(ratio) at lag L is taken as share * phi**L (a
     slow AR(1) factor plus independent noise), fitted from lags 1 and 4."""
+
     def acf(lag: int) -> float:
         num = den = 0.0
         for run in runs:
