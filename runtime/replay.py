@@ -92,6 +92,11 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
     for n_prompt, lengths in enumerate(prompts):
         rec = clocks[n_prompt] if clocks else rec
         q = rec.noise_quantiles
+        if rec.drift_share > 0:
+            # the recorded spread split into a slow factor and a fast one (about the same
+            # interquartile range: tests/test_tuner_replay.py); constant per clock
+            slow_sd = rec.drift_share ** 0.5 * log_spread(q)
+            slow_keep, fast_power = (1 - rec.drift_phi ** 2) ** 0.5, (1 - rec.drift_share) ** 0.5
         n_out, pending = 1, 0  # the prefill's token; plain-step rows the drafter has not read
         skipping = False  # whether the last plain step skipped its row (capture was off)
         seconds_before = res.seconds
@@ -107,12 +112,9 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
                 i = int(u)
                 factor = q[i] + (q[min(i + 1, len(q) - 1)] - q[i]) * (u - i)
                 if rec.drift_share > 0:
-                    # the recorded spread split into a slow factor and a fast one (about the
-                    # same interquartile range: tests/test_tuner_replay.py)
-                    sd = rec.drift_share ** 0.5 * log_spread(q)
-                    step = drift_rng.gauss(0.0, sd)
-                    slow = step if slow is None else rec.drift_phi * slow + (1 - rec.drift_phi ** 2) ** 0.5 * step
-                    factor = factor ** ((1 - rec.drift_share) ** 0.5) * math.exp(slow)
+                    step = drift_rng.gauss(0.0, slow_sd)
+                    slow = step if slow is None else rec.drift_phi * slow + slow_keep * step
+                    factor = factor ** fast_power * math.exp(slow)
                 t *= factor
             if (last_depth is not None and depth != last_depth) or (skipping and depth == 0 and not skip):
                 # a new batch shape, or capture switched back on, rebuilds the graphs; a
