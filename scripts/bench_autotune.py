@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import shutil
 import statistics
 import sys
@@ -36,6 +35,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from scripts.recorded import command_line  # noqa: E402
 
 
 def degraded_drafter(mix: float, seed: int = 0) -> Path:
@@ -253,7 +254,7 @@ def main(argv=None) -> int:
     plan = {k: plan[k] for k in args.workloads.split(",")}
     if "degraded" in plan:
         plan["degraded"] = (degraded_drafter(args.degrade), plan["degraded"][1])
-    result = {"command": "python scripts/bench_autotune.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+    result = {"command": command_line(__file__, argv),
               "n_predict": args.n_predict, "repeats": args.repeats, "degrade": args.degrade, "workloads": {}}
     console = Console()
     result["placement"] = placement.describe()

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from scripts.recorded import command_line  # noqa: E402
 
 FIXED = (0, 1, 2, 3, 4, 5, 6, 8, 15)  # the fixed depths bench_autotune.py interleaves
 
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
                   ", ".join(f"{100 * r['share']:.2f}%" for r in rs))
     Console().print(t)
     if args.json:
-        cmd = "python scripts/bench_bookkeeping.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+        cmd = command_line(__file__, argv)
         args.json.write_text(json.dumps({"command": cmd, "runs": runs}, indent=1))
     return 0
 

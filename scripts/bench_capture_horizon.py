@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 from collections import defaultdict
@@ -32,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from runtime.tuner import DepthPolicy  # noqa: E402
+from scripts.recorded import command_line  # noqa: E402
 
 
 class StretchThenVisit(DepthPolicy):
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     console = Console()
     rows = [int(r) for r in args.rows.split(",")]
     drafter = assets.converted_tiny_drafter()
-    result = {"command": "python scripts/bench_capture_horizon.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+    result = {"command": command_line(__file__, argv),
               "stretch": args.stretch, "visit": args.visit, "depth": args.depth, "acceptance": {}}
     # an F32 cache makes greedy speculative output equal plain decoding's on this CPU, so the
     # output must not depend on the horizon (with F16, near-ties may part: docs/demo-pair.md)

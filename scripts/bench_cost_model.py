@@ -70,6 +70,8 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from scripts.recorded import command_line  # noqa: E402
+
 console = Console(width=None if sys.stdout.isatty() else 150)
 
 # ----------------------------------------------------------------------------- the XS 2.1 shapes
@@ -1054,7 +1056,7 @@ def main() -> int:
     info["loadavg_end"] = list(os.getloadavg())
 
     res = {
-        "command": " ".join(["python", "scripts/bench_cost_model.py", *sys.argv[1:]]),
+        "command": command_line(__file__),
         "machine": info,
         "settings": {"threads": threads, "context": args.context, "n_batch": args.n_batch,
                      "repeats": args.repeats, "warmup": args.warmup, "engine_passes": args.engine_passes,

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -38,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from runtime.tuner import DepthPolicy  # noqa: E402
+from scripts.recorded import command_line  # noqa: E402
 
 
 class Scripted(DepthPolicy):
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     plan = {"code": (shipped, code),
             "prose": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "prose.txt")),
             "table": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "table.txt"))}
-    result = {"command": "python scripts/record_acceptance.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+    result = {"command": command_line(__file__, argv),
               "drafter_digest": assets.tiny_drafter_digest(), "n_predict": args.n_predict,
               "degrade": args.degrade, "placement": placement.describe(), "workloads": {}}
     if args.lengths_from:

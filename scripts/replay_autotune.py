@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from scripts.recorded import command_line  # noqa: E402
 
 
 def summary(make_policy, rec, prompts: list[list[int]], seeds: int) -> dict:
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
                   f"{j['choice_quality_after_64_mean']:.3f}", f"{j['choice_quality_after_64_min']:.3f}",
                   f"{100 * j['settled_by_64']:.0f}% of seeds")
     Console().print(t)
-    result = {"command": "python scripts/replay_autotune.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+    result = {"command": command_line(__file__, argv),
               "workloads": out}
     if args.stream:
         from runtime.replay import judge_stream
