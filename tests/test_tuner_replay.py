@@ -141,19 +141,6 @@ def test_a_busy_clock_does_not_shut_the_drafter_off(clock):
     assert min(vs_plain) >= 1.3, vs_plain
 
 
-class Timed(DepthPolicy):
-    """A fixed depth that keeps every round's time."""
-
-    def __init__(self, depth: int) -> None:
-        self.depth, self.times = depth, []
-
-    def choose(self) -> int:
-        return self.depth
-
-    def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0) -> None:
-        self.times.append(t_round)
-
-
 def lag_one_correlation(x: list[float]) -> float:
     m = statistics.fmean(x)
     return sum((a - m) * (b - m) for a, b in zip(x, x[1:])) / sum((a - m) ** 2 for a in x)
@@ -167,18 +154,21 @@ def test_drift_makes_successive_rounds_alike_without_widening_the_spread(rec):
     import dataclasses
     import math
 
+    from scripts.record_acceptance import Scripted  # a fixed depth that keeps every round's report
+
     flat = Recording(**{**rec.__dict__, "round_s": [1.0] * 16, "plain_skip_s": 1.0, "depth_change_s": 0.0,
                         "catchup_s": 0.0, "catchup_per_row_s": 0.0})
     prompts = [[0] * 400] * 4
     drifting = dataclasses.replace(flat, drift_phi=0.9, drift_share=0.7)
     logs = {}
     for name, clock in (("iid", flat), ("drift", drifting)):
-        a, b = Timed(2), Timed(3)
+        a, b = Scripted([2]), Scripted([3])
         replay(a, clock, prompts, seed=3)
         replay(b, clock, prompts, seed=3)
-        n = min(len(a.times), len(b.times))
-        assert a.times[:n] == b.times[:n]
-        logs[name] = [math.log(min(max(t, 0.5), 2.0)) for t in a.times]  # a stall is not drift
+        times_a, times_b = [t for _, _, t, _ in a.log], [t for _, _, t, _ in b.log]
+        n = min(len(times_a), len(times_b))
+        assert times_a[:n] == times_b[:n]
+        logs[name] = [math.log(min(max(t, 0.5), 2.0)) for t in times_a]  # a stall is not drift
     assert abs(lag_one_correlation(logs["iid"])) < 0.15
     assert lag_one_correlation(logs["drift"]) > 0.4
 
