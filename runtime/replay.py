@@ -245,3 +245,30 @@ def settle_round(depths: list[int], why: list[str], good: set[int]) -> int | Non
         if w == "exploit" and d not in good:
             last_bad = r
     return None if last_bad == len(depths) - 1 else last_bad + 1
+
+
+def ratio_over_repeats(tokens: dict[str, list[float]], seconds: dict[str, list[float]], key: str,
+                       against: list[str], repeats: list[int] | None = None) -> float:
+    """tokens/s of ``key`` over the given repeats (all by default) against the fastest of
+    ``against`` over the same repeats; ``tokens[k][r]``, ``seconds[k][r]``: repeat r's totals."""
+    idx = range(len(tokens[key])) if repeats is None else repeats
+
+    def rate(k: str) -> float:
+        return sum(tokens[k][r] for r in idx) / sum(seconds[k][r] for r in idx)
+
+    return rate(key) / max(rate(k) for k in against)
+
+
+def repeat_interval(tokens: dict[str, list[float]], seconds: dict[str, list[float]], key: str,
+                    against: list[str], level: float = 0.9, resamples: int = 2000,
+                    seed: int = 0) -> tuple[float, float]:
+    """A percentile bootstrap interval for ``ratio_over_repeats``, resampling whole repeats (a
+    repeat is one tuner's stream through every prompt, timed alongside every fixed depth). The
+    fastest of ``against`` is chosen again in each resample, so the interval carries the
+    uncertainty of which depth is best, not only of how fast it is."""
+    n = len(tokens[key])
+    rng = random.Random(seed)
+    ratios = sorted(ratio_over_repeats(tokens, seconds, key, against, [rng.randrange(n) for _ in range(n)])
+                    for _ in range(resamples))
+    tail = (1.0 - level) / 2
+    return ratios[int(tail * (resamples - 1))], ratios[int(round((1.0 - tail) * (resamples - 1)))]

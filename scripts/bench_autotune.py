@@ -14,7 +14,8 @@ run in turn (interleaved, so the machine's noise falls on all alike). ``auto`` r
 tuner per workload and repeat, fresh at the workload's first prompt and carried across its
 prompts, as one engine serving a stream of requests does. Reported per workload: tokens/s of
 each depth, ``auto`` against the best fixed depth (0 included) and against plain decoding (also
-with each prompt's time the median of its repeats, which one stall cannot move), the
+with each prompt's time the median of its repeats, which one stall cannot move, and a 90%
+bootstrap interval over whole repeats, which says how far another run could land), the
 quality of the tuner's choices from round 64 on (the mean fixed-depth speed of the depths it
 exploited, relative to the best fixed depth), the strict settling round (from it on, every
 exploiting round uses a depth within 5% of the best), and the tuner's own bookkeeping as a share
@@ -75,7 +76,7 @@ def degraded_drafter(mix: float, seed: int = 0) -> Path:
 
 def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, repeats: int, progress, task) -> dict:
     from runtime.engine import GenerateOptions
-    from runtime.replay import GOOD_FRACTION, choice_quality, settle_round
+    from runtime.replay import GOOD_FRACTION, choice_quality, ratio_over_repeats, repeat_interval, settle_round
     from runtime.tuner import AutoDepth
 
     rounds, accepted = defaultdict(int), defaultdict(int)
@@ -133,6 +134,10 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
             hi = min(t for t in timed if t > d)
             if lo in good and hi in good:
                 good.add(d)
+    # each repeat's totals over the prompts: the unit of the bootstrap interval
+    rep_tokens = {k: [sum(per_prompt[k, i][r][0] for i in range(len(prompts))) for r in range(repeats)] for k in keys}
+    rep_seconds = {k: [sum(per_prompt[k, i][r][1] for i in range(len(prompts))) for r in range(repeats)] for k in keys}
+    fixed_keys = [k for k in keys if k != "auto"]
     chosen = [([r["depth"] for r in run["trace"]], [r.get("why", "") for r in run["trace"]]) for run in auto_runs]
     settles = [settle_round(d, w, good) for d, w in chosen]
     quality = [choice_quality(d, w, fixed) for d, w in chosen]
@@ -142,6 +147,12 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
         "best_fixed_depth": best_depth,
         "good_depths": sorted(good),
         "auto_vs_best_fixed": tps["auto"] / fixed[best_depth],
+        # 90% bootstrap interval over repeats (the best fixed depth chosen again in each resample)
+        "auto_vs_best_fixed_interval": repeat_interval(rep_tokens, rep_seconds, "auto", fixed_keys),
+        "auto_vs_plain_interval": repeat_interval(rep_tokens, rep_seconds, "auto", ["0"]),
+        # each repeat alone, against the depth that was fastest in that repeat
+        "auto_vs_best_fixed_per_repeat": [ratio_over_repeats(rep_tokens, rep_seconds, "auto", fixed_keys, [r])
+                                          for r in range(repeats)],
         "tokens_per_s_median_of_repeats": tps_median,
         "auto_vs_best_fixed_median_of_repeats": tps_median["auto"] / max(fixed_median.values()),
         "auto_vs_plain_median_of_repeats": tps_median["auto"] / fixed_median[0],
@@ -269,12 +280,14 @@ def main(argv=None) -> int:
                                                          progress, task)
     t = Table(title="--n-max auto vs fixed depths (greedy, one process, interleaved)", title_justify="left")
     for col in ("workload", "plain tok/s", "best fixed", "best vs plain", "auto vs best", "auto vs plain",
+                "90% interval over repeats (vs best; vs plain)",
                 "auto vs best (median of repeats)", "auto vs plain (median of repeats)",
                 "choices after round 64", "strictly settled at round", "auto rounds", "bookkeeping"):
         t.add_column(col, justify="right")
     for name, w in result["workloads"].items():
         t.add_row(name, f"{w['tokens_per_s']['0']:.1f}", str(w["best_fixed_depth"]), f"{w['best_fixed_vs_plain']:.2f}x",
                   f"{w['auto_vs_best_fixed']:.3f}", f"{w['auto_vs_plain']:.3f}",
+                  "{:.3f}-{:.3f}; {:.3f}-{:.3f}".format(*w["auto_vs_best_fixed_interval"], *w["auto_vs_plain_interval"]),
                   f"{w['auto_vs_best_fixed_median_of_repeats']:.3f}", f"{w['auto_vs_plain_median_of_repeats']:.3f}",
                   ", ".join(f"{q:.3f}" for q in w["choice_quality_after_64"]),
                   ", ".join("never" if s is None else str(s) for s in w["settle_round"]),

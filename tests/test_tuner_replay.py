@@ -25,8 +25,8 @@ import statistics
 import pytest
 
 from runtime import assets
-from runtime.replay import (Judgement, Recording, choice_quality, judge, judge_stream, prompt_order, replay,
-                            settle_round)
+from runtime.replay import (Judgement, Recording, choice_quality, judge, judge_stream, prompt_order,
+                            ratio_over_repeats, repeat_interval, replay, settle_round)
 from runtime.tuner import AutoDepth, DepthPolicy, FixedDepth
 
 RECORDINGS = {"busy": assets.TINY_DIR / "replay.json", "calm": assets.TINY_DIR / "replay-calm.json",
@@ -266,3 +266,43 @@ def test_settle_round_is_strict():
     assert settle_round([2, 4, 1, 3, 3, 3, 3, 3], why, {3}) == 3
     assert settle_round([2, 4, 3, 3, 3, 3, 3, 1], why, {3}) is None
     assert choice_quality([2, 4, 1, 3], ["probe", "probe", "exploit", "exploit"], {1: 50.0, 3: 100.0}, start=0) == 0.75
+
+
+def _repeats(n: int, seed: int, spread: float = 0.05) -> tuple[dict, dict]:
+    """n repeats of 100 tokens for auto and two fixed depths, timed with independent noise:
+    depth 4 is the fastest (1 s), depth 6 close behind (1.02 s), auto 3% slower than depth 4"""
+    rng = random.Random(seed)
+    base = {"auto": 1.03, "4": 1.0, "6": 1.02}
+    seconds = {k: [b * (1 + rng.gauss(0, spread)) for _ in range(n)] for k, b in base.items()}
+    return {k: [100.0] * n for k in base}, seconds
+
+
+def test_ratio_over_repeats_pools_repeats_before_dividing():
+    tokens = {"auto": [100, 300], "4": [100, 100]}
+    seconds = {"auto": [1.0, 2.0], "4": [1.0, 0.5]}
+    assert ratio_over_repeats(tokens, seconds, "auto", ["4"]) == pytest.approx((400 / 3.0) / (200 / 1.5))
+    assert ratio_over_repeats(tokens, seconds, "auto", ["4"], [1, 1]) == pytest.approx(150 / 200)
+
+
+def test_repeat_interval_collapses_without_noise_and_narrows_with_repeats():
+    tokens, seconds = _repeats(9, seed=1, spread=0.0)
+    lo, hi = repeat_interval(tokens, seconds, "auto", ["4", "6"])
+    assert lo == pytest.approx(1 / 1.03) and hi == pytest.approx(1 / 1.03)
+    widths = []
+    for n in (9, 144):
+        tokens, seconds = _repeats(n, seed=2)
+        lo, hi = repeat_interval(tokens, seconds, "auto", ["4", "6"])
+        assert lo <= ratio_over_repeats(tokens, seconds, "auto", ["4", "6"]) <= hi
+        widths.append(hi - lo)
+    assert widths[1] < widths[0] / 2
+
+
+def test_repeat_interval_chooses_the_best_depth_in_each_resample():
+    # depth 6 is faster in one repeat of three; a resample made of that repeat alone measures
+    # auto against depth 6 there, which a fixed choice of depth 4 would miss
+    tokens = {k: [100.0] * 3 for k in ("auto", "4", "6")}
+    seconds = {"auto": [1.0, 1.0, 1.0], "4": [1.0, 1.0, 1.2], "6": [1.1, 1.1, 0.9]}
+    lo, _ = repeat_interval(tokens, seconds, "auto", ["4", "6"], level=0.99)
+    assert lo == pytest.approx(0.9)
+    lo_fixed, _ = repeat_interval(tokens, seconds, "auto", ["4"], level=0.99)
+    assert lo_fixed == pytest.approx(1.0)
