@@ -153,6 +153,8 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
         # each repeat alone, against the depth that was fastest in that repeat
         "auto_vs_best_fixed_per_repeat": [ratio_over_repeats(rep_tokens, rep_seconds, "auto", fixed_keys, [r])
                                           for r in range(repeats)],
+        # the machine's load shows in plain decoding's speed repeat by repeat
+        "tokens_per_s_per_repeat": {k: [n / t for n, t in zip(rep_tokens[k], rep_seconds[k])] for k in keys},
         "tokens_per_s_median_of_repeats": tps_median,
         "auto_vs_best_fixed_median_of_repeats": tps_median["auto"] / max(fixed_median.values()),
         "auto_vs_plain_median_of_repeats": tps_median["auto"] / fixed_median[0],
