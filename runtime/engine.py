@@ -47,6 +47,9 @@ class GenerateOptions:
     stop: tuple[str, ...] = ()
     add_bos: bool = True
     trace: Callable[[dict], None] | None = None  # called with one dict per round
+    # asked once per round; True ends generation there with stop reason "interrupted" (Ctrl-C,
+    # a client gone), its stats complete up to that round
+    should_stop: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -268,6 +271,8 @@ class Engine:
             t_round0 = time.perf_counter()
             # ---- emit what the last round produced, up to the first stop condition
             n_keep, reason = self._stop_check(out, emitted, opts)
+            if reason is None and opts.should_stop is not None and opts.should_stop():
+                reason = "interrupted"
             kept = emitted[:n_keep]
             out.extend(kept)
             history.extend(kept)
@@ -373,6 +378,8 @@ class Engine:
         """How many of this round's tokens to keep, and why generation stops (None: it goes on).
         An end-of-generation token is dropped; a stop string ends generation with the token
         that completes it (the text is cut at the string by generate())."""
+        if len(out) >= opts.n_predict:  # n_predict 0: the prefill's token is not emitted either
+            return 0, "length"
         tail = b"".join(self.target.token_bytes(t) for t in out[-16:]) if opts.stop else b""
         for j, tok in enumerate(emitted):
             if self.target.is_eog(tok):
