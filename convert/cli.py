@@ -21,6 +21,7 @@ from .drafter_info import layout_problems, pairing_problems, read_drafter_gguf
 from .errors import USER_ERROR_EXIT, UserError
 from .quantize import OutType
 from .target import TargetInfo, read_target
+from .writer import Terminated, check_metadata, sigterm_raises
 
 app = typer.Typer(
     name="laguna-gguf",
@@ -56,6 +57,28 @@ def _user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: Exit codes of a command stopped by a signal: 128 + the signal number, as a shell reports it.
+SIGINT_EXIT, SIGTERM_EXIT = 130, 143
+
+
+def _interruptible(fn: F) -> F:
+    """Ctrl-C (SIGINT) and SIGTERM: the partial output is removed, one line on stderr, exit 130 / 143."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with sigterm_raises():
+                return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            typer.echo("error: interrupted (SIGINT): no output written, the partial file was removed", err=True)
+            raise typer.Exit(SIGINT_EXIT) from None
+        except Terminated:
+            typer.echo("error: terminated (SIGTERM): no output written, the partial file was removed", err=True)
+            raise typer.Exit(SIGTERM_EXIT) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -82,6 +105,7 @@ def _load_target(path: Path, quiet: bool) -> TargetInfo:
     "  laguna-gguf convert Laguna-XS-2.1-DFlash --target Laguna-XS-2.1-Q4_K_M.gguf -o xs-dflash-q8_0.gguf\n\n"
     "  laguna-gguf convert ./drafter --target ./Laguna-XS-2.1 --outtype bf16   # HF target directory"
 ))
+@_interruptible
 @_user_errors
 def convert_cmd(
     drafter_dir: Path = typer.Argument(
@@ -113,9 +137,11 @@ def convert_cmd(
 ) -> None:
     t0 = time.perf_counter()
     out = outfile or Path(f"{drafter_dir.resolve().name}-{outtype.value}.gguf")
+    check_output_path(out, target=target)  # before reading the target (slow for an HF directory)
     tgt = _load_target(target, quiet)
-    check_output_path(out, tgt)
     job = prepare(drafter_dir, tgt, outtype, name=name, source_repo=source_repo)
+    check_output_path(out, job.inputs, target=tgt.source)  # job.write checks again; these fail before
+    check_metadata(out, job.metadata)                      # the progress display starts
     cfg = job.cfg
     if not quiet:
         err_console.print(

@@ -10,9 +10,10 @@ checked from headers, so a bad input fails before any output file exists.
 
 from __future__ import annotations
 
+import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,10 +22,11 @@ from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType
 
 from .checkpoint import DrafterConfig, check_pair, load_config
 from .errors import UserError
-from .mapping import Kind, PlannedTensor, gguf_plan, load_checkpoint
+from .mapping import INDEX_FILE, SINGLE_FILE, Kind, PlannedTensor, gguf_plan, load_checkpoint
 from .quantize import OutType, check_encodable, encode
+from .safetensors_io import file_kind, index_shard_files
 from .target import TargetInfo
-from .writer import KV, TensorSpec, write_gguf
+from .writer import KV, TensorSpec, check_metadata, write_gguf
 
 ARCH = "dflash-draft"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -109,6 +111,8 @@ class Conversion:
     plan: list[PlannedTensor]
     specs: list[TensorSpec]
     metadata: dict[str, KV] = field(repr=False)
+    #: Every file this conversion reads (drafter and target); the output may be none of them.
+    inputs: tuple[Path, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -125,8 +129,15 @@ class Conversion:
             yield encode(x, spec.qtype, label)
             del x
 
+    def check_output(self, out: Path) -> None:
+        """Everything :meth:`write` refuses before creating a file: the output path and the metadata values."""
+        check_output_path(out, self.inputs, target=self.target.source)
+        check_metadata(out, self.metadata)
+
     def write(self, out: Path, on_tensor: Callable[[TensorSpec], None] | None = None) -> Summary:
         t0 = time.perf_counter()
+        out = Path(out)
+        self.check_output(out)
         size = write_gguf(out, ARCH, self.metadata, self.specs, self._encoded(), on_tensor)
         by_type: dict[str, tuple[int, int]] = {}
         for s in self.specs:
@@ -157,6 +168,7 @@ def prepare(
         raise UserError(f"--source-repo: expected ORG/NAME, found {source_repo!r}")
     cfg = load_config(drafter_dir)
     check_pair(cfg, target)
+    inputs = checkpoint_files(drafter_dir) + target_files(target)  # confines the index's shards first
     tensors = load_checkpoint(drafter_dir, cfg)
     plan = gguf_plan(cfg, tensors)
     specs = []
@@ -168,7 +180,7 @@ def prepare(
         source_repo = cfg.name_or_path
     meta = drafter_metadata(cfg, target, outtype, name=name or default_name(drafter_dir, cfg),
                             source_repo=source_repo)
-    return Conversion(drafter_dir, cfg, target, outtype, plan, specs, meta)
+    return Conversion(drafter_dir, cfg, target, outtype, plan, specs, meta, tuple(inputs))
 
 
 def convert(
@@ -182,14 +194,60 @@ def convert(
     on_tensor: Callable[[TensorSpec], None] | None = None,
 ) -> Summary:
     """:func:`prepare` then write; the output appears (atomically) only when complete."""
-    check_output_path(Path(out), target)
+    check_output_path(Path(out), target=target.source)
     return prepare(drafter_dir, target, outtype, name=name, source_repo=source_repo).write(Path(out), on_tensor)
 
 
-def check_output_path(out: Path, target: TargetInfo) -> None:
-    if not out.parent.is_dir():
-        raise UserError(f"{out}: the output directory {out.parent} does not exist")
-    if out.is_dir():
-        raise UserError(f"{out}: is a directory (expected the output .gguf file name)")
-    if out.exists() and out.resolve() == target.source.resolve():
-        raise UserError(f"{out}: is the target file; choose another output name")
+# --------------------------------------------------------------------------- the output path
+
+
+def checkpoint_files(drafter_dir: Path) -> list[Path]:
+    """The drafter files a conversion reads, shards included (confined to ``drafter_dir``)."""
+    files = [drafter_dir / "config.json", drafter_dir / SINGLE_FILE]
+    index = drafter_dir / INDEX_FILE
+    if index.is_file():
+        files += [index, *index_shard_files(index, drafter_dir)]
+    return files
+
+
+def target_files(target: TargetInfo) -> list[Path]:
+    """The target's GGUF, or every file of its HF directory except GGUFs (config, tokenizer, weights)."""
+    src = Path(target.source)
+    if src.is_dir():
+        return sorted(p for p in src.iterdir() if p.suffix != ".gguf" and p.is_file())
+    return [src]
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or os.path.samefile(a, b)
+    except OSError:  # b does not exist (or cannot be looked at): a cannot be it
+        return False
+
+
+def check_output_path(out: Path, inputs: Iterable[Path] = (), *, target: Path | None = None) -> None:
+    """Refuse an output that would replace an input or a non-regular file, or cannot be created.
+
+    Symlinks and hard links count as the file they reach. Nothing is created here.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_file():
+        raise UserError(f"-o {out}: is {file_kind(out.stat().st_mode)}; expected the name of a regular "
+                        "file to write the .gguf to")
+    parent = out.parent
+    if not parent.exists():
+        raise UserError(f"-o {out}: the output directory {parent} does not exist")
+    if not parent.is_dir():
+        raise UserError(f"-o {out}: {parent} is not a directory")
+    if not out.exists():
+        return
+    if target is not None and Path(target).is_file() and _same_file(out, Path(target)):
+        raise UserError(f"-o {out}: is the target file{_alias(out, Path(target))}; choose another output name")
+    for p in inputs:
+        if _same_file(out, Path(p)):
+            raise UserError(f"-o {out}: is an input of this conversion{_alias(out, Path(p))}; "
+                            "choose another output name")
+
+
+def _alias(out: Path, p: Path) -> str:
+    return "" if out == p else f" ({p}, through a link or another name)"

@@ -9,10 +9,15 @@ equal those of gguf-py's ``gguf.quants.quantize(x, GGMLQuantizationType.Q8_0)``:
   stored as int8 right after ``d`` — 34 bytes per block.
 
 Rows are processed in chunks, so the temporaries stay a few MiB whatever the tensor size.
+
+Every encoding first refuses NaN/Inf and values the type cannot hold (:func:`check_values`),
+with two reductions over the tensor already in memory: no extra pass over the file and no
+temporary the size of the tensor.
 """
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 
 import numpy as np
@@ -25,6 +30,9 @@ Q8_0_BLOCK_BYTES = 2 + QK8_0
 _CHUNK_VALUES = 1 << 20  # values quantised per step
 #: Largest |x| whose Q8_0 block scale (max|x| / 127) still fits a float16.
 Q8_0_MAX_ABS = float(np.finfo(np.float16).max) * 127
+F16_MAX = float(np.finfo(np.float16).max)  # 65504
+#: Smallest float32 magnitude that rounds (to nearest even) to a bfloat16 infinity.
+BF16_OVERFLOW = float(np.array(0x7F7F8000, dtype=np.uint32).view(np.float32))
 
 
 class OutType(str, Enum):
@@ -84,30 +92,47 @@ def encode(x: np.ndarray, qtype: GGMLQuantizationType, name: str = "tensor") -> 
     """``x`` (float32) in the bytes/elements GGUF stores for ``qtype``; same leading shape.
 
     Returns float32 / float16 arrays for F32 / F16, a uint16 array of bit patterns for BF16,
-    and a uint8 array of shape ``(..., cols // 32 * 34)`` for Q8_0.
+    and a uint8 array of shape ``(..., cols // 32 * 34)`` for Q8_0. Raises ContractError
+    (naming ``name``) for NaN/Inf or a value ``qtype`` cannot hold.
     """
     x = np.asarray(x, dtype=np.float32)
+    check_values(x, qtype, name)
     if qtype == GGMLQuantizationType.F32:
         return x
     if qtype == GGMLQuantizationType.F16:
-        return to_f16(x, name)
+        return x.astype(np.float16)
     if qtype == GGMLQuantizationType.BF16:
         return to_bf16_bits(x)
     if qtype == GGMLQuantizationType.Q8_0:
-        try:
-            return quantize_q8_0(x)
-        except OverflowError as e:
-            raise ContractError(name, "values", f"|x| <= {Q8_0_MAX_ABS:g} for Q8_0 (use --outtype bf16)",
-                                str(e)) from None
+        return quantize_q8_0(x)
     raise ValueError(f"unsupported output type {qtype.name}")
 
 
-def to_f16(x: np.ndarray, name: str = "tensor") -> np.ndarray:
-    big = float(np.max(np.abs(x), initial=0.0))
-    limit = float(np.finfo(np.float16).max)
-    if big > limit:
-        raise ContractError(name, "values", f"|x| <= {limit:g} to fit F16 (use --outtype bf16)", f"{big:g}")
-    return x.astype(np.float16)
+def check_values(x: np.ndarray, qtype: GGMLQuantizationType, name: str = "tensor") -> None:
+    """Refuse NaN/Inf (any type) and magnitudes ``qtype`` would turn into Inf or garbage.
+
+    A drafter with such weights loads and runs, but never gets a draft accepted, so this is
+    refused rather than written. min/max are plain reductions (NaN propagates through both),
+    so the check allocates nothing the size of ``x``.
+    """
+    lo, hi = float(np.min(x, initial=0.0)), float(np.max(x, initial=0.0))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ContractError(name, "values", "finite numbers (no NaN or Inf)", _first_non_finite(x))
+    big = max(-lo, hi)
+    if qtype == GGMLQuantizationType.F16 and big > F16_MAX:
+        raise ContractError(name, "values", f"|x| <= {F16_MAX:g} to fit F16 (use --outtype bf16)", f"{big:g}")
+    if qtype == GGMLQuantizationType.BF16 and big >= BF16_OVERFLOW:
+        raise ContractError(name, "values", f"|x| < {BF16_OVERFLOW:g} to fit BF16 (use --outtype f32)", f"{big:g}")
+    if qtype == GGMLQuantizationType.Q8_0 and big > Q8_0_MAX_ABS:
+        raise ContractError(name, "values", f"|x| <= {Q8_0_MAX_ABS:g} for Q8_0 (use --outtype bf16)", f"{big:g}")
+
+
+def _first_non_finite(x: np.ndarray) -> str:
+    # Only on the failure path, so a boolean mask of the whole tensor is affordable here.
+    flat = np.flatnonzero(~np.isfinite(x))
+    bad = int(flat[0])
+    where = [int(i) for i in np.unravel_index(bad, x.shape)] if x.ndim else []
+    return f"{float(x.reshape(-1)[bad])} at {where} (non-finite values in all: {flat.size})"
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
