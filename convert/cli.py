@@ -19,6 +19,8 @@ from rich.table import Table
 from .converter import ARCH, Summary, check_output_path, prepare
 from .drafter_info import layout_problems, pairing_problems, read_drafter_gguf
 from .errors import USER_ERROR_EXIT, UserError
+from .poolside import is_poolside_layout, print_inspection
+from .poolside import prepare as prepare_poolside
 from .quantize import OutType
 from .target import TargetInfo, read_target
 from .writer import Terminated, check_metadata, sigterm_raises
@@ -110,7 +112,8 @@ def _load_target(path: Path, quiet: bool) -> TargetInfo:
 def convert_cmd(
     drafter_dir: Path = typer.Argument(
         ..., metavar="DRAFTER_DIR", show_default=False,
-        help="The drafter's HF directory: config.json plus model.safetensors or a sharded "
+        help="The drafter's HF directory (or a drafter GGUF in Poolside's own layout, SPEC §5b): "
+             "config.json plus model.safetensors or a sharded "
              "model.safetensors.index.json (a leading 'model.', split q/k/v_proj and layers numbered "
              "after the target's are all accepted)."),
     target: Path = typer.Option(
@@ -136,10 +139,13 @@ def convert_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
 ) -> None:
     t0 = time.perf_counter()
-    out = outfile or Path(f"{drafter_dir.resolve().name}-{outtype.value}.gguf")
+    stem = drafter_dir.stem if drafter_dir.is_file() else drafter_dir.resolve().name
+    out = outfile or Path(f"{stem}-{outtype.value}.gguf")
     check_output_path(out, target=target)  # before reading the target (slow for an HF directory)
     tgt = _load_target(target, quiet)
-    job = prepare(drafter_dir, tgt, outtype, name=name, source_repo=source_repo)
+    # a file is a drafter GGUF in Poolside's own layout (SPEC §5b), rewritten into ours
+    job = (prepare_poolside if drafter_dir.is_file() else prepare)(drafter_dir, tgt, outtype, name=name,
+                                                                   source_repo=source_repo)
     check_output_path(out, job.inputs, target=tgt.source)  # job.write checks again; these fail before
     check_metadata(out, job.metadata)                      # the progress display starts
     cfg = job.cfg
@@ -195,6 +201,8 @@ def inspect_cmd(
 ) -> None:
     if not file.is_file():
         raise UserError(f"{file}: not found")
+    if is_poolside_layout(file):
+        return print_inspection(file, target, out_console)
     info = read_drafter_gguf(file)
     a = ARCH
     table = Table(title=str(file), show_header=False)

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from convert.errors import USER_ERROR_EXIT, UserError
+from convert.poolside import native_drafter_path
 
 from . import assets
 from .sampling import SamplingParams
@@ -145,6 +146,7 @@ def run(
     """
     if model is None:
         model, model_draft = assets.default_pair(model_draft)
+    model_draft = model_draft and native_drafter_path(model_draft, model)  # Poolside's layout: its rewrite
     if (prompt is None) == (file is None):
         raise UserError("give the prompt with exactly one of -p TEXT or -f FILE")
     if file is not None:
@@ -226,6 +228,7 @@ def bench(
 
     if model is None:
         model, model_draft = assets.default_pair(model_draft)
+    model_draft = model_draft and native_drafter_path(model_draft, model)  # Poolside's layout: its rewrite
     if model_draft is None:
         raise UserError("bench compares speculative decoding with plain decoding: give a drafter with -md")
     if sweep and n_max == "4":

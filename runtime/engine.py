@@ -132,8 +132,11 @@ class Engine:
         self.target_spec = read_target(target.path)
         draft_spec = None
         if drafter_path is not None:
+            from convert.poolside import native_drafter_path
+
             from .pair import check_pair, read_drafter
 
+            drafter_path = native_drafter_path(drafter_path, target.path)  # Poolside's layout: its cached rewrite
             draft_spec = read_drafter(drafter_path)
             check_pair(draft_spec, self.target_spec)
         deepest = max_depth if max_depth is not None else (draft_spec.max_draft if draft_spec else 0)
