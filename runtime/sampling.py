@@ -9,31 +9,61 @@ output distribution is the target's whatever the drafter proposes.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import numpy as np
 
 
+class SamplingError(ValueError):
+    """A sampling parameter out of its range; front ends name it their own way (``field``)."""
+
+    def __init__(self, field: str, expected: str, found: object) -> None:
+        self.field, self.expected, self.found = field, expected, found
+        super().__init__(f"{field}: expected {expected}, found {found!r}")
+
+
+def _number(field: str, value: object, expected: str, ok) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or not ok(value):
+        raise SamplingError(field, expected, value)
+
+
+def _integer(field: str, value: object, expected: str, ok) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or not ok(value):
+        raise SamplingError(field, expected, value)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # <= 0: greedy
-    top_k: int = 40  # <= 0: off
-    top_p: float = 0.95  # >= 1: off
-    min_p: float = 0.05  # <= 0: off
+    """What the sampler does; every value is checked when the object is made (SamplingError)."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 40  # 0: off
+    top_p: float = 0.95  # 1: off
+    min_p: float = 0.05  # 0: off
     repeat_penalty: float = 1.0  # 1: off
     repeat_last_n: int = 64  # -1: the whole history, 0: off
-    seed: int | None = None
+    seed: int | None = None  # None: a fresh seed
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
     def validate(self) -> None:
-        if self.top_p <= 0:
-            raise ValueError(f"top_p: expected > 0, found {self.top_p}")
-        if self.repeat_penalty <= 0:
-            raise ValueError(f"repeat_penalty: expected > 0, found {self.repeat_penalty}")
+        """The one place the ranges live: the CLI and the server both rely on it."""
+        _number("temperature", self.temperature, "a finite number >= 0 (0: greedy)", lambda v: v >= 0)
+        _integer("top_k", self.top_k, "an integer >= 0 (0: off)", lambda v: v >= 0)
+        _number("top_p", self.top_p, "a number in (0, 1] (1: off)", lambda v: 0 < v <= 1)
+        _number("min_p", self.min_p, "a number in [0, 1] (0: off)", lambda v: 0 <= v <= 1)
+        _number("repeat_penalty", self.repeat_penalty, "a finite number > 0 (1: off)", lambda v: v > 0)
+        _integer("repeat_last_n", self.repeat_last_n, "an integer >= -1 (-1: all, 0: off)", lambda v: v >= -1)
+        if self.seed is not None:
+            _integer("seed", self.seed, "an integer >= 0", lambda v: v >= 0)
 
 
 class Sampler:
