@@ -16,14 +16,14 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TransferSpeedColumn)
 from rich.table import Table
 
-from .converter import ARCH, Summary, check_output_path, prepare
+from .converter import ARCH, Summary, check_output_path, prepare, write_job
 from .drafter_info import layout_problems, pairing_problems, read_drafter_gguf
 from .errors import USER_ERROR_EXIT, UserError
 from .poolside import is_poolside_layout, print_inspection
 from .poolside import prepare as prepare_poolside
 from .quantize import OutType
 from .target import TargetInfo, read_target
-from .writer import Terminated, check_metadata, sigterm_raises
+from .writer import TensorSpec, Terminated, check_metadata, sigterm_raises
 
 app = typer.Typer(
     name="laguna-gguf",
@@ -125,10 +125,13 @@ def convert_cmd(
         None, "--outfile", "-o", metavar="OUT.gguf", show_default=False,
         help="Output file (default: ./<DRAFTER_DIR name>-<outtype>.gguf). Written under a temporary name "
              "and renamed when complete, so a failed run leaves nothing behind."),
-    outtype: OutType = typer.Option(
-        OutType.Q8_0, "--outtype", case_sensitive=False,
+    outtype_name: str = typer.Option(
+        OutType.Q8_0.value, "--outtype", metavar="|".join(t.value for t in OutType),
         help="Type of the weight matrices (norm vectors always stay F32). q8_0 is about half the size of "
-             "bf16 and what drafters usually run in; bf16 keeps the checkpoint's exact values."),
+             "bf16 and what drafters usually run in; bf16 keeps the checkpoint's exact values. q6_k, q5_k_m, "
+             "q4_k_m and q4_0 are made by llama.cpp's own quantiser from a lossless intermediate file "
+             "written next to the output (its per-tensor mix; rows that are not a multiple of 256 values "
+             "fall back to a 32-value block type): see docs/lowbit.md."),
     source_repo: str | None = typer.Option(
         None, "--source-repo", metavar="ORG/NAME",
         help="The Hugging Face repository the drafter comes from, recorded as "
@@ -139,6 +142,7 @@ def convert_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
 ) -> None:
     t0 = time.perf_counter()
+    outtype = OutType.parse(outtype_name)
     stem = drafter_dir.stem if drafter_dir.is_file() else drafter_dir.resolve().name
     out = outfile or Path(f"{stem}-{outtype.value}.gguf")
     check_output_path(out, target=target)  # before reading the target (slow for an HF directory)
@@ -155,16 +159,25 @@ def convert_cmd(
             f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} heads, target layers "
             f"{list(cfg.target_layer_ids)}\n"
             f"target  [bold]{tgt.name}[/]: {tgt.n_layer} layers, hidden {tgt.hidden_size}, vocab {tgt.vocab_size}\n"
-            f"writing [bold]{out}[/] ({outtype.value}, {len(job.specs)} tensors, {_fmt_bytes(job.total_bytes)})",
+            f"writing [bold]{out}[/] ({outtype.value}, {len(job.specs)} tensors, {_fmt_bytes(job.total_bytes)}"
+            f"{' before llama.cpp quantises them' if outtype.by_llama else ''})",
             soft_wrap=True)
         with Progress(TextColumn("{task.description:<28}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                       TimeElapsedColumn(), console=err_console, transient=False) as bar:
             task = bar.add_task("converting", total=job.total_bytes)
-            summary = job.write(out, on_tensor=lambda s: bar.update(task, advance=s.nbytes, description=s.name))
+            written = [0]
+
+            def advance(spec: TensorSpec) -> None:
+                written[0] += spec.nbytes
+                quantising = outtype.by_llama and written[0] >= job.total_bytes  # llama.cpp takes over now
+                bar.update(task, advance=spec.nbytes,
+                           description=f"llama.cpp: {outtype.value}" if quantising else spec.name)
+
+            summary = write_job(job, out, on_tensor=advance)
             bar.update(task, description="done")
         _print_summary(summary, time.perf_counter() - t0)
     else:
-        job.write(out)
+        write_job(job, out)
 
 
 def _print_summary(s: Summary, wall: float) -> None:

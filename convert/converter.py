@@ -16,14 +16,15 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType
+from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from .checkpoint import DrafterConfig, check_pair, load_config
 from .errors import UserError
-from .mapping import INDEX_FILE, SINGLE_FILE, Kind, PlannedTensor, gguf_plan, load_checkpoint
-from .quantize import OutType, check_encodable, encode
+from .mapping import INDEX_FILE, SINGLE_FILE, Kind, PlannedTensor, RowStack, gguf_plan, load_checkpoint
+from .quantize import OutType, check_encodable, check_quantizable, encode, llama_quantize
 from .safetensors_io import file_kind, index_shard_files
 from .target import TargetInfo
 from .writer import KV, TensorSpec, check_metadata, write_gguf
@@ -126,7 +127,7 @@ class Conversion:
         for p, spec in zip(self.plan, self.specs, strict=True):
             label = f"{p.source.parts[0].file}: {p.source.where}"
             x = p.read()
-            yield encode(x, spec.qtype, label)
+            yield encode(x, spec.qtype, label, self.outtype)
             del x
 
     def check_output(self, out: Path) -> None:
@@ -135,8 +136,14 @@ class Conversion:
         check_metadata(out, self.metadata)
 
     def write(self, out: Path, on_tensor: Callable[[TensorSpec], None] | None = None) -> Summary:
+        """Write ``out``; a 4-6-bit outtype goes through an intermediate file and llama.cpp's quantiser."""
+        if self.outtype.by_llama:
+            self.check_output(Path(out))
+            return write_quantized(Path(out), self.outtype, lambda tmp: self._write_encoded(tmp, on_tensor))
+        return self._write_encoded(Path(out), on_tensor)
+
+    def _write_encoded(self, out: Path, on_tensor: Callable[[TensorSpec], None] | None) -> Summary:
         t0 = time.perf_counter()
-        out = Path(out)
         self.check_output(out)
         size = write_gguf(out, ARCH, self.metadata, self.specs, self._encoded(), on_tensor)
         by_type: dict[str, tuple[int, int]] = {}
@@ -144,6 +151,63 @@ class Conversion:
             n, b = by_type.get(s.qtype.name, (0, 0))
             by_type[s.qtype.name] = (n + 1, b + s.nbytes)
         return Summary(out, len(self.specs), self.n_params, by_type, size, time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------- 4-6-bit outtypes
+
+
+def intermediate_path(out: Path) -> Path:
+    """The lossless file a 4-6-bit output is quantised from, next to the output."""
+    return out.with_name(f"{out.name}.intermediate-{os.getpid()}")
+
+
+def write_quantized(out: Path, outtype: OutType, write_intermediate: Callable[[Path], object]) -> Summary:
+    """``write_intermediate(tmp)`` (a lossless GGUF in our layout), then llama.cpp's quantiser into ``out``.
+
+    The intermediate lies next to ``out`` and is removed whatever happens; ``out`` appears only
+    when complete. The summary's types are those llama.cpp chose, read back from ``out``.
+    """
+    t0 = time.perf_counter()
+    tmp = intermediate_path(out)
+    if tmp.exists() or tmp.is_symlink():
+        raise UserError(f"-o {out}: the temporary file {tmp} already exists (left by another run?); "
+                        "remove it and retry")
+    try:
+        write_intermediate(tmp)
+        llama_quantize(tmp, out, outtype)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return summarize_gguf(out, time.perf_counter() - t0)
+
+
+def summarize_gguf(path: Path, seconds: float) -> Summary:
+    """A :class:`Summary` of a written GGUF, read from its header."""
+    reader = GGUFReader(path)
+    by_type: dict[str, tuple[int, int]] = {}
+    n_params = 0
+    for t in reader.tensors:
+        name = GGMLQuantizationType(t.tensor_type).name
+        n, b = by_type.get(name, (0, 0))
+        by_type[name] = (n + 1, b + int(t.n_bytes))
+        n_params += int(t.n_elements)
+    return Summary(path, len(reader.tensors), n_params, by_type, path.stat().st_size, seconds)
+
+
+def write_job(job: Any, out: Path, on_tensor: Callable[[TensorSpec], None] | None = None) -> Summary:
+    """``job.write(out)`` for any prepared conversion. A job whose ``write`` only encodes (a
+    Poolside-layout rewrite) gets llama.cpp's quantiser run after it when its outtype asks for one."""
+    outtype = getattr(job, "outtype", None)
+    if isinstance(job, Conversion) or outtype is None or not outtype.by_llama:
+        return job.write(out, on_tensor)
+    return write_quantized(Path(out), outtype, lambda tmp: job.write(tmp, on_tensor))
+
+
+def lossless_type(source: RowStack) -> GGMLQuantizationType:
+    """The intermediate type that holds a checkpoint tensor exactly: its own dtype, F32 when mixed."""
+    dtypes = {p.dtype for p in source.parts}
+    only = dtypes.pop() if len(dtypes) == 1 else None
+    return {"BF16": GGMLQuantizationType.BF16, "F16": GGMLQuantizationType.F16}.get(only or "",
+                                                                                  GGMLQuantizationType.F32)
 
 
 def default_name(drafter_dir: Path, cfg: DrafterConfig) -> str:
@@ -173,7 +237,13 @@ def prepare(
     plan = gguf_plan(cfg, tensors)
     specs = []
     for p in plan:
-        qtype = GGMLQuantizationType.F32 if p.entry.kind is Kind.NORM else outtype.ggml_type
+        if p.entry.kind is Kind.NORM:
+            qtype = GGMLQuantizationType.F32
+        elif outtype.by_llama:  # the intermediate file llama.cpp quantises: the checkpoint's values exactly
+            qtype = lossless_type(p.source)
+            check_quantizable(p.source.where, p.entry.shape, outtype, str(p.source.parts[0].file))
+        else:
+            qtype = outtype.ggml_type
         check_encodable(p.source.where, p.entry.shape, qtype, str(p.source.parts[0].file))
         specs.append(TensorSpec(p.entry.name, p.entry.shape, qtype))
     if source_repo is None and looks_like_repo_id(cfg.name_or_path):
