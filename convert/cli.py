@@ -196,9 +196,8 @@ def inspect_cmd(
         ("vocabulary", f"{len(info.tokens)} tokens"),
         ("file type", _file_type_name(info.get("general.file_type"))),
     ]
-    cfg = info.config()
-    if cfg is not None:
-        rows.append(("loads in", ", ".join(cfg.runtimes())))
+    if runtimes := info.runtimes():
+        rows.append(("loads in", ", ".join(runtimes)))
     by_type: dict[str, int] = {}
     for _, qtype, _ in info.tensors.values():
         by_type[qtype.name] = by_type.get(qtype.name, 0) + 1

@@ -52,6 +52,15 @@ class DrafterInfo:
             total += n
         return total
 
+    def runtimes(self) -> list[str]:
+        """The runtimes that load this file: what its config allows, less ik_llama.cpp when the
+        pre-FFN norm has the old name (ik requires post_attention_norm)."""
+        cfg = self.config()
+        if cfg is None:
+            return []
+        legacy = any(K.current_tensor_name(name) != name for name in self.tensors)
+        return [r for r in cfg.runtimes() if not (legacy and r == "ik_llama.cpp")]
+
     def config(self) -> DrafterConfig | None:
         """The drafter config the keys describe (enough to rebuild the expected layout)."""
         a = ARCH

@@ -310,3 +310,5 @@ def test_a_file_converted_before_with_ffn_norm_passes_inspect(tmp_path: Path, cv
     res = run_cli("inspect", old, "--target", cv_targets["xs"])
     assert res.code == 0, res.stderr
     assert "layout: complete dflash-draft" in res.stdout
+    loads = next(line for line in res.stdout.splitlines() if "loads in" in line)
+    assert loads.split("loads in", 1)[1].strip(" │|") == "laguna-run"  # ik requires post_attention_norm
