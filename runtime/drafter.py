@@ -77,7 +77,11 @@ class Drafter:
 
     def inject_visible(self, features: np.ndarray, start_pos: int, next_query: int) -> None:
         """Like inject, but rows that no query at or after ``next_query`` can see through the
-        sliding window (position <= next_query - window) are skipped, not computed."""
+        sliding window (position <= next_query - window) are skipped, not computed. Without a
+        window (full attention) every row stays visible and is injected."""
+        if not self.spec.sliding_window:
+            self.inject(features, start_pos)
+            return
         first_visible = next_query - self.spec.sliding_window + 1
         skip = min(len(features), max(0, first_visible - start_pos))
         if skip:

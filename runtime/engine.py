@@ -14,6 +14,7 @@ leave the target's KV cache and only the accepted rows' captured states enter th
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -150,8 +151,10 @@ class Engine:
         self.last_stats: Stats | None = None
         self.last_stop_reason: str | None = None
         self.drafter: Drafter | None = None
-        # plain steps this close to a drafting round read their rows for the drafter
-        self.capture_horizon = capture_horizon(draft_spec.sliding_window if draft_spec else 0)
+        # plain steps this close to a drafting round read their rows for the drafter; a drafter
+        # without a window sees every row, so every plain step reads its row
+        window = draft_spec.sliding_window if draft_spec else 0
+        self.capture_horizon = capture_horizon(window) if window or draft_spec is None else math.inf
         if draft_spec is not None:
             self.drafter = Drafter(drafter_path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
                                    kv_type=cfg.kv_type, n_threads=cfg.n_threads, spec=draft_spec,

@@ -71,7 +71,7 @@ class DrafterSpec:
     block_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
-    sliding_window: int
+    sliding_window: int  # 0: full attention (every context row stays visible)
     n_vocab: int
     tokens_sha256: str
     target_name: str | None
@@ -128,12 +128,15 @@ def read_drafter(path: str | Path) -> DrafterSpec:
     block = int(_scalar(r, f"{p}.dflash.block_size", path))
     if not 2 <= block <= 512:
         raise ContractError(path, f"{p}.dflash.block_size", "2..512", block)
-    window = int(_scalar(r, f"{p}.attention.sliding_window", path))
-    if not 2 <= window <= 1 << 20:
+    # no window key: full attention (0), as ik_llama.cpp reads it
+    window_key = _scalar(r, f"{p}.attention.sliding_window", path, required=False)
+    window = 0 if window_key is None else int(window_key)
+    if window_key is not None and not 2 <= window <= 1 << 20:
         raise ContractError(path, f"{p}.attention.sliding_window", "2..2^20", window)
     pattern = _scalar(r, f"{p}.attention.sliding_window_pattern", path, required=False)
-    if pattern is not None and (len(pattern) != n_layer or not all(pattern)):
-        raise ContractError(path, f"{p}.attention.sliding_window_pattern", f"{n_layer} x true", pattern)
+    if pattern is not None and (len(pattern) != n_layer or any(bool(x) != bool(window) for x in pattern)):
+        raise ContractError(path, f"{p}.attention.sliding_window_pattern",
+                            f"{n_layer} x {'true' if window else 'false (no attention.sliding_window)'}", pattern)
     ids = _scalar(r, f"{p}.dflash.target_layer_ids", path)
     ids = tuple(int(i) for i in (ids if isinstance(ids, list) else [ids]))
     if not ids or any(i < 0 for i in ids) or any(b <= a for a, b in zip(ids, ids[1:])):
