@@ -151,10 +151,12 @@ def is_poolside_layout(path: Path | str) -> bool:
     path = Path(path)
     if not path.is_file():
         return False
+    from .gguf_header import read_header
+
+    # the header alone: laguna-run, inspect and Engine.load all ask, and gguf-py's reader
+    # would map and index every tensor of the file to answer
     try:
-        reader = GGUFReader(path, "r")
-        arch = reader.fields.get("general.architecture")
-        return arch is not None and arch.contents() == POOLSIDE_ARCH
+        return read_header(path).arch == POOLSIDE_ARCH
     except Exception:  # not a GGUF at all: whoever reads it next says so, with its own message
         return False
 

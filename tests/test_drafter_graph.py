@@ -98,6 +98,16 @@ def llama_block(target_model, path, tokens, block, kv_type="f32"):
 BLOCK = [100, 12, 12, 12, 12, 12, 12, 12]
 
 
+
+@pytest.fixture
+def c_loader_only(monkeypatch):
+    """Reach patch 0003's own refusals (defence in depth): the Python header checks that run
+    before llama.cpp (convert/gguf_rules.py, tested in test_gguf_ranges.py) would answer first."""
+    import runtime.llama
+
+    monkeypatch.setattr(runtime.llama, "checked_header", lambda *args, **kwargs: None)
+
+
 def test_block_logits_match_numpy_reference(target_model, drafter_files, head_and_embd):
     tokens = prompt(96)
     got, feats = llama_block(target_model, drafter_files["f32"], tokens, BLOCK)
@@ -223,12 +233,14 @@ TENSOR_KINDS = ["dflash_fc.weight", "dflash_hidden_norm.weight", "dflash_aux_hid
 
 
 @pytest.mark.parametrize("missing", TENSOR_KINDS)
+@pytest.mark.usefixtures("c_loader_only")
 def test_missing_tensor_fails_to_load_without_aborting(drafter_files, missing, tmp_path):
     bad = rewrite(drafter_files["f32"], tmp_path / "bad.gguf", drop={missing})
     with pytest.raises(LlamaError, match="refused to load"):
         Model(bad)
 
 
+@pytest.mark.usefixtures("c_loader_only")
 def test_wrong_shape_and_extra_tensor_fail_to_load(drafter_files, tmp_path):
     bad = rewrite(drafter_files["f32"], tmp_path / "shape.gguf", reshape={"blk.0.attn_gate.weight": (3, 64)})
     with pytest.raises(LlamaError, match="refused to load"):
@@ -253,6 +265,7 @@ def test_wrong_shape_and_extra_tensor_fail_to_load(drafter_files, tmp_path):
     ("dflash-draft.attention.causal", False),
     ("dflash-draft.dflash.laguna", False),
 ])
+@pytest.mark.usefixtures("c_loader_only")
 def test_non_causal_or_non_laguna_metadata_fails_to_load(drafter_files, tmp_path, key, value):
     bad = rewrite(drafter_files["f32"], tmp_path / "meta.gguf", kv={key: (value, gguf.GGUFValueType.BOOL)})
     with pytest.raises(LlamaError, match="refused to load"):
@@ -305,6 +318,7 @@ def test_a_file_with_the_old_ffn_norm_name_loads_and_drafts_the_same(target_mode
     np.testing.assert_array_equal(old_logits, new_logits)
 
 
+@pytest.mark.usefixtures("c_loader_only")
 def test_a_file_with_both_pre_ffn_norm_names_is_refused(drafter_files, tmp_path):
     from convert.drafter_info import layout_problems, read_drafter_gguf
 
@@ -384,6 +398,7 @@ BAD_KEYS = [
 
 
 @pytest.mark.parametrize("kv,drop_kv,message", [pytest.param(*c[1:], id=c[0]) for c in BAD_KEYS])
+@pytest.mark.usefixtures("c_loader_only")
 def test_bad_metadata_fails_to_load_with_the_loaders_message(drafter_files, tmp_path, capsys, kv, drop_kv, message):
     bad = rewrite(drafter_files["f32"], tmp_path / "bad.gguf", kv=kv, drop_kv=drop_kv)
     with pytest.raises(LlamaError, match="refused to load"):
@@ -411,7 +426,9 @@ def test_keys_the_generic_loader_asserts_on_fail_cleanly(drafter_files, tmp_path
     import sys
 
     bad = rewrite(drafter_files["f32"], tmp_path / "bad.gguf", kv=kv)
-    code = ("import sys\nfrom runtime.llama import LlamaError, Model\n"
+    # the C loader alone, as c_loader_only does (the Python header checks would answer first)
+    code = ("import sys\nimport runtime.llama\nruntime.llama.checked_header = lambda *a, **k: None\n"
+            "from runtime.llama import LlamaError, Model\n"
             "try:\n    Model(sys.argv[1])\nexcept LlamaError:\n    sys.exit(3)\n")
     res = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
