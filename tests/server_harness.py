@@ -33,7 +33,8 @@ class LiveServer:
         self.settings = ServerSettings(**{"model_id": "laguna-tiny", "chat_template": TEMPLATE,
                                           "chat_template_source": "test template", **settings})
         self.app = create_app(pool, self.settings)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only then
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
         self.port = self.sock.getsockname()[1]
