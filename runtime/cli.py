@@ -146,7 +146,7 @@ def check_depths(depths: list, drafter: Path | None, batch: int) -> None:
 
 
 def engine_config(ctx: int, batch: int, ubatch: int, threads: int, ngl, ngld, device, draft_device, force,
-                  verbose, kv_type="f16"):
+                  verbose, kv_type="f16", prompt_cache=True):
     """EngineConfig and Placement from the model/placement flags (run, bench and serve)."""
     from .engine import EngineConfig
     from .placement import resolve
@@ -154,17 +154,17 @@ def engine_config(ctx: int, batch: int, ubatch: int, threads: int, ngl, ngld, de
     placement = resolve(device, draft_device, ngl, ngld, force)
     cfg = EngineConfig(n_ctx=ctx, n_batch=batch, n_ubatch=min(ubatch, batch), n_threads=threads,
                        n_gpu_layers=placement.n_gpu_layers, n_gpu_layers_draft=placement.n_gpu_layers_draft,
-                       kv_type=kv_type, verbose=verbose)
+                       kv_type=kv_type, verbose=verbose, prompt_cache=prompt_cache)
     return cfg, placement
 
 
 def _engine(model: Path, draft: Path | None, ctx: int, batch: int, ubatch: int, threads: int,
-            ngl, ngld, device, draft_device, force, verbose, kv_type="f16"):
+            ngl, ngld, device, draft_device, force, verbose, kv_type="f16", prompt_cache=True):
     from .engine import Engine
     from .llama import LlamaError
 
     cfg, placement = engine_config(ctx, batch, ubatch, threads, ngl, ngld, device, draft_device, force, verbose,
-                                   kv_type)
+                                   kv_type, prompt_cache)
     try:
         return Engine.load(model, draft, cfg), placement
     except LlamaError as e:
@@ -392,7 +392,7 @@ def bench(
     check_depths(depths, model_draft, batch_size)
     engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
                                 n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose,
-                                kv_type=cache_type)
+                                kv_type=cache_type, prompt_cache=False)  # each prompt measured from scratch
     ctrl_c = CtrlC()
     with engine:
         try:

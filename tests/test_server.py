@@ -97,7 +97,7 @@ def test_completions_through_the_openai_client_equal_the_python_api(srv, ref):
         assert t["accepted_per_round"] == pytest.approx(t["draft_n_accepted"] / t["rounds"], abs=0.5)
         pieces = [ch.choices[0].text for ch in c.completions.create(
             model="laguna-tiny", prompt=prompt, max_tokens=24, temperature=0, stream=True)]
-        assert "".join(pieces) == want.text and len(pieces) > 2
+        assert "".join(pieces) == want.text
 
 
 def test_chat_through_the_openai_client_streaming_and_not(srv, ref):

@@ -120,8 +120,8 @@ def serve(
     from .pool import load_pool
 
     cfg, placement = engine_config(ctx_size, batch_size, ubatch_size, threads, n_gpu_layers, n_gpu_layers_draft,
-                                   device, draft_device, force_placement, verbose, kv_type=cache_type)
-    cfg.prompt_cache = not no_prompt_cache
+                                   device, draft_device, force_placement, verbose, kv_type=cache_type,
+                                   prompt_cache=not no_prompt_cache)
     sock = bind(host, port)
     try:
         try:
