@@ -2,6 +2,7 @@
 
     laguna-run -m target.gguf -md drafter.gguf -p "def quicksort(xs):" -n 128 --n-max 4
     laguna-run bench -m target.gguf -md drafter.gguf --prompts code.txt --n-max 1,2,4,8
+    laguna-run serve -m target.gguf -md drafter.gguf --port 8080     (runtime/server: the OpenAI API)
 
 Flag names follow llama.cpp wherever one exists.
 """
