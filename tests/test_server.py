@@ -255,6 +255,39 @@ def test_a_full_queue_is_503_and_queued_requests_run_in_order(models):
         assert m.get("laguna_requests_total", endpoint="completions", outcome="queue_full") == 2
 
 
+def test_waiting_requests_run_first_in_first_out_and_health_answers_meanwhile(models):
+    target, path, drafter = models
+    with LiveServer(make_pool(target, path, drafter, parallel=1, max_queue=4)) as s:
+        results = {}
+        with httpx.Client(base_url=s.url, timeout=60) as a:
+            with a.stream("POST", "/v1/completions", json={"prompt": LOOPING, "max_tokens": 1500,
+                                                          "stream": True}) as ra:
+                lines = ra.iter_lines()
+                next(lines)
+                threads = []
+                for i, name in enumerate("bcd"):
+                    def ask(name=name, i=i):
+                        with httpx.Client(base_url=s.url, timeout=60) as h:
+                            results[name] = h.post("/v1/completions", json={"prompt": f"x{i}", "max_tokens": 2})
+                    threads.append(threading.Thread(target=ask, daemon=True))
+                    threads[-1].start()
+                    deadline = time.monotonic() + 20
+                    while s.pool.status()["queue"] != i + 1:  # each waits before the next is sent
+                        assert time.monotonic() < deadline
+                        time.sleep(0.005)
+                # the event loop is free while a slot generates: /health answers at once
+                with httpx.Client(base_url=s.url, timeout=10) as h:
+                    t0 = time.perf_counter()
+                    assert h.get("/health").json()["queue"] == 3
+                    assert time.perf_counter() - t0 < 1.0
+            for t in threads:
+                t.join(30)
+        assert [results[n].status_code for n in "bcd"] == [200, 200, 200]
+        want = [s.pool.engine.tokenize(f"x{i}") for i in range(3)]
+        jobs = sorted((j for j in s.pool.finished if j.tokens in want), key=lambda j: j.t_start)
+        assert [j.tokens for j in jobs] == want
+
+
 def test_a_wrong_or_missing_api_key_is_401(models, caplog):
     target, path, drafter = models
     key = "s3cret-key-for-tests"
