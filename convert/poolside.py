@@ -538,7 +538,7 @@ def layout_version() -> str:
     """A digest of the code that decides what a rewrite holds: a change to any of it means a new rewrite."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for module in ("poolside", "mapping", "converter", "checkpoint", "quantize", "writer"):
+    for module in ("poolside", "mapping", "converter", "checkpoint", "quantize", "writer", "gguf_keys"):
         h.update((here / f"{module}.py").read_bytes())
     return "l" + h.hexdigest()[:12]
 
