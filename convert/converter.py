@@ -109,6 +109,16 @@ class Summary:
     file_size: int
     seconds: float
 
+    @classmethod
+    def of(cls, out: Path, specs: list[TensorSpec], file_size: int, seconds: float) -> "Summary":
+        """What writing ``specs`` to ``out`` gave: counts and bytes by GGML type."""
+        by_type: dict[str, tuple[int, int]] = {}
+        for s in specs:
+            n, b = by_type.get(s.qtype.name, (0, 0))
+            by_type[s.qtype.name] = (n + 1, b + s.nbytes)
+        n_params = sum(int(np.prod(s.shape)) for s in specs)
+        return cls(out, len(specs), n_params, by_type, file_size, seconds)
+
 
 @dataclass
 class Conversion:
@@ -155,11 +165,7 @@ class Conversion:
         t0 = time.perf_counter()
         self.check_output(out)
         size = write_gguf(out, ARCH, self.metadata, self.specs, self._encoded(), on_tensor)
-        by_type: dict[str, tuple[int, int]] = {}
-        for s in self.specs:
-            n, b = by_type.get(s.qtype.name, (0, 0))
-            by_type[s.qtype.name] = (n + 1, b + s.nbytes)
-        return Summary(out, len(self.specs), self.n_params, by_type, size, time.perf_counter() - t0)
+        return Summary.of(out, self.specs, size, time.perf_counter() - t0)
 
 
 # --------------------------------------------------------------------------- 4-6-bit outtypes

@@ -489,11 +489,7 @@ class PoolsideConversion:
         check_output_path(out, self.inputs)
         t0 = time.perf_counter()
         size = write_gguf(out, ARCH, self.metadata, self.specs, self._data(), on_tensor)
-        by_type: dict[str, tuple[int, int]] = {}
-        for s in self.specs:
-            n, b = by_type.get(s.qtype.name, (0, 0))
-            by_type[s.qtype.name] = (n + 1, b + s.nbytes)
-        return Summary(out, len(self.specs), self.n_params, by_type, size, time.perf_counter() - t0)
+        return Summary.of(out, self.specs, size, time.perf_counter() - t0)
 
 
 def prepare(path: Path | str, target: TargetInfo, outtype: OutType | None = None, *,

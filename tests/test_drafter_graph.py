@@ -190,8 +190,9 @@ def test_reference_comparison_detects_a_wrong_forward(target_model, tmp_path, ti
 # ---------------------------------------------------------------------------- malformed files
 
 
-def rewrite(src: Path, dst: Path, drop=(), reshape=None, kv=None, drop_kv=(), rename=None) -> Path:
-    """Copy a GGUF, dropping tensors, changing tensor shapes or names, overriding or dropping keys.
+def rewrite(src: Path, dst: Path, drop=(), reshape=None, kv=None, drop_kv=(), rename=None, add=None) -> Path:
+    """Copy a GGUF, dropping tensors, changing tensor shapes or names, adding tensors (``add``:
+    name -> array), overriding or dropping keys.
 
     ``kv`` maps a key to ``(value, type)`` or ``(value, ARRAY, element type)`` (INT32 by default).
     """
@@ -219,6 +220,8 @@ def rewrite(src: Path, dst: Path, drop=(), reshape=None, kv=None, drop_kv=(), re
         if reshape and t.name in reshape:
             data = np.resize(data, reshape[t.name])
         w.add_tensor((rename or {}).get(t.name, t.name), data)
+    for name, data in (add or {}).items():
+        w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -246,17 +249,8 @@ def test_wrong_shape_and_extra_tensor_fail_to_load(drafter_files, tmp_path):
     with pytest.raises(LlamaError, match="refused to load"):
         Model(bad)
     # an aux norm more than target_layer_ids has is an extra tensor
-    extra = tmp_path / "extra.gguf"
-    r = gguf.GGUFReader(str(drafter_files["f32"]))
-    w = gguf.GGUFWriter(str(extra), "dflash-draft")
-    for key, f in r.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            vt = f.types[0]
-            w.add_key_value(key, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data))
-    w.add_tensor("dflash_aux_hidden_norm.3.weight", np.ones(64, dtype=np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    extra = rewrite(drafter_files["f32"], tmp_path / "extra.gguf",
+                    add={"dflash_aux_hidden_norm.3.weight": np.ones(64, dtype=np.float32)})
     with pytest.raises(LlamaError, match="refused to load"):
         Model(extra)
 
@@ -322,17 +316,8 @@ def test_a_file_with_the_old_ffn_norm_name_loads_and_drafts_the_same(target_mode
 def test_a_file_with_both_pre_ffn_norm_names_is_refused(drafter_files, tmp_path):
     from convert.drafter_info import layout_problems, read_drafter_gguf
 
-    r = gguf.GGUFReader(str(drafter_files["f32"]))
-    both = tmp_path / "both.gguf"
-    w = gguf.GGUFWriter(str(both), "dflash-draft")
-    for key, f in r.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            vt = f.types[0]
-            w.add_key_value(key, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data))
-    w.add_tensor("blk.0.ffn_norm.weight", np.ones(64, dtype=np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    both = rewrite(drafter_files["f32"], tmp_path / "both.gguf",
+                   add={"blk.0.ffn_norm.weight": np.ones(64, dtype=np.float32)})
     with pytest.raises(LlamaError, match="refused to load"):
         Model(both)
     assert any("blk.0.ffn_norm.weight" in str(p) for p in layout_problems(read_drafter_gguf(both)))
