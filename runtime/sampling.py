@@ -85,6 +85,25 @@ class Sampler:
         out[recent] = np.where(vals > 0, vals / p.repeat_penalty, vals * p.repeat_penalty)
         return out
 
+    def accept(self, logits: np.ndarray, drafts: list[int], history: Sequence[int] = ()) -> tuple[int, int]:
+        """Verify drafts against rows [len(drafts) + 1, n_vocab] of target logits (row i scores
+        the position of drafts[i]): the target's own choice at each row, given the tokens before
+        it, until it differs from the draft. Returns (accepted count, the next token: the
+        target's choice at the first disagreement, or after the last draft)."""
+        if self.params.greedy and not self.history_len:
+            # one argmax over the block instead of one call per row (the same first-max rule)
+            choice = logits.argmax(axis=1).tolist()
+            n = 0
+            while n < len(drafts) and choice[n] == drafts[n]:
+                n += 1
+            return n, choice[n]
+        recent = list(history)[-self.history_len:] if self.history_len else []
+        for i in range(len(drafts) + 1):
+            tok = self.sample(logits[i], recent + drafts[:i] if self.history_len else ())
+            if i == len(drafts) or tok != drafts[i]:
+                return i, tok
+        raise AssertionError("unreachable")
+
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """One token from a row of logits; history is every token before it (for penalties)."""
         p = self.params
