@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import bindings
-from .llama import Context, ContextParams, LlamaError, Model
+from .llama import Context, ContextParams, LlamaError, Model, microbatch_for_window
 from .pair import DrafterSpec, check_pair, fuse_features, read_drafter, read_target
 
 
@@ -28,9 +28,11 @@ class Drafter:
         if not bindings.lib().laguna_ext_model_is_dflash_laguna(self.model.ptr):
             raise LlamaError(f"{self.spec.path}: loaded, but not as a Laguna DFlash drafter")
         # the block (<= block_size rows) must decode as one ubatch, so the SWA cache only
-        # evicts cells no later query can see (see runtime docs on rollback)
+        # evicts cells no later query can see (see runtime docs on rollback); within that, the
+        # microbatch that keeps the window's cache smallest (a draft attends to all of it)
         n_batch = max(n_batch, self.spec.block_size)
-        params = ContextParams(n_ctx=target_ctx.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+        n_ubatch = microbatch_for_window(self.spec.sliding_window, n_batch, floor=max(64, self.spec.block_size))
+        params = ContextParams(n_ctx=target_ctx.n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                kv_type=kv_type, n_threads=n_threads or target_ctx.params.n_threads)
         self.ctx = Context(self.model, params, other=target_ctx)
         self.ctx.set_causal(True)

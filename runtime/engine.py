@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .drafter import Drafter
-from .llama import Context, ContextParams, LlamaError, Model
+from .llama import Context, ContextParams, LlamaError, Model, microbatch_for_window
 from .pair import read_target
 from .sampling import Sampler, SamplingParams
 from .tuner import DepthPolicy, FixedDepth, capture_horizon
@@ -31,7 +31,7 @@ from .tuner import DepthPolicy, FixedDepth, capture_horizon
 class EngineConfig:
     n_ctx: int = 4096
     n_batch: int = 512
-    n_ubatch: int = 512
+    n_ubatch: int | None = None  # None: the largest that keeps the sliding-window cache smallest
     n_threads: int = 0
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
@@ -140,11 +140,13 @@ class Engine:
             draft_spec = read_drafter(drafter_path)
             check_pair(draft_spec, self.target_spec)
         deepest = max_depth if max_depth is not None else (draft_spec.max_draft if draft_spec else 0)
+        n_ubatch = cfg.n_ubatch or microbatch_for_window(self.target_spec.sliding_window, cfg.n_batch,
+                                                         floor=max(64, deepest + 1))
         # A verify pass must be one ubatch, or the sliding-window cache may evict cells that a
         # rollback makes visible again; keep the whole window when it could be split.
-        swa_full = draft_spec is not None and cfg.n_ubatch < deepest + 1
+        swa_full = draft_spec is not None and n_ubatch < deepest + 1
         self.ctx = Context(target, ContextParams(
-            n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch, kv_type=cfg.kv_type,
+            n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
             n_threads=cfg.n_threads, swa_full=swa_full))
         self._auto = None
         self.last_stats: Stats | None = None
