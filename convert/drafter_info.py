@@ -1,8 +1,11 @@
 """Read a converted drafter GGUF back: its contract at a glance, its layout, and whether it pairs with a target.
 
     info = read_drafter_gguf(Path("drafter-q8_0.gguf"))
-    problems = layout_problems(info)            # [] when the SPEC §5a layout is complete
+    problems = layout_problems(info)            # [] when the values are in range and the SPEC §5a layout is complete
     problems = pairing_problems(info, target)   # [] when the pair works
+
+The header is read with :mod:`convert.gguf_header` (a truncated or corrupt file is one error
+line) and its values are checked with the rules the runtime loads with (:mod:`convert.gguf_rules`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from gguf import GGMLQuantizationType, GGUFValueType
 from .checkpoint import DrafterConfig
 from .converter import ARCH
 from .errors import ContractError
+from .gguf_header import Header, Value, read_header
+from .gguf_rules import header_problems
 from .mapping import Kind, gguf_layout
-from .target import TargetInfo, field_kv, kv_text, open_gguf, tokenizer_kvs
+from .target import TargetInfo
 
 
 @dataclass
@@ -28,6 +33,7 @@ class DrafterInfo:
     values: dict[str, object]  # the dflash-draft.* and general.* keys, decoded
     tensors: dict[str, tuple[tuple[int, ...], GGMLQuantizationType, int]]  # name -> (numpy shape, type, bytes)
     tokens: list[bytes] = field(default_factory=list)
+    header: Header | None = None
 
     def get(self, key: str) -> object:
         return self.values.get(key)
@@ -74,45 +80,34 @@ class DrafterInfo:
             num_target_layers=need["dflash.target_n_layer"] or max(ids) + 1, target_layer_ids=tuple(ids))
 
 
-def _decode(kv) -> object:
-    if kv is None:
-        return None
-    if kv.type == GGUFValueType.STRING:
-        return kv_text(kv)
-    if kv.type == GGUFValueType.ARRAY:
-        if kv.sub_type == GGUFValueType.STRING:
-            return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in kv.value]
-        return list(kv.value)
-    return kv.value
+def _decode(v: Value) -> object:
+    if v.type == GGUFValueType.STRING:
+        return v.value.decode("utf-8", errors="replace")
+    if v.is_array and v.sub_type == GGUFValueType.STRING:
+        return [s.decode("utf-8", errors="replace") for s in v.value]
+    return v.value
 
 
 def read_drafter_gguf(path: Path) -> DrafterInfo:
-    reader = open_gguf(path)
-    values: dict[str, object] = {}
-    for key in reader.fields:
-        if key.startswith("GGUF.") or key.startswith("tokenizer."):
-            continue
-        values[key] = _decode(field_kv(reader, key))
-    tensors = {}
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(list(t.shape)))
-        tensors[t.name] = (shape, GGMLQuantizationType(t.tensor_type), int(t.n_bytes))
-    tok = tokenizer_kvs(reader).get("tokenizer.ggml.tokens")
-    tokens = [v if isinstance(v, bytes) else str(v).encode() for v in tok.value] if tok else []
-    arch = kv_text(field_kv(reader, "general.architecture"))
-    return DrafterInfo(Path(path), arch, values, tensors, tokens)
+    header = read_header(path)
+    values = {k: _decode(v) for k, v in header.fields.items() if not k.startswith("tokenizer.")}
+    tensors = {t.name: (t.shape, t.qtype, t.nbytes) for t in header.tensors}
+    tok = header.fields.get("tokenizer.ggml.tokens")
+    tokens = list(tok.value) if tok is not None and tok.sub_type == GGUFValueType.STRING else []
+    return DrafterInfo(Path(path), header.arch, values, tensors, tokens, header)
 
 
 def layout_problems(info: DrafterInfo) -> list[ContractError]:
-    """Where the file departs from the SPEC §5a layout (architecture, keys, tensor names/shapes/types)."""
+    """Where the file departs from the SPEC §5a layout (architecture, key values, tensor names/shapes/types)."""
     p = info.path
-    out: list[ContractError] = []
     if info.architecture != ARCH:
         return [ContractError(p, "general.architecture", f'"{ARCH}" (a Laguna DFlash drafter)', info.architecture)]
-    if info.get(f"{ARCH}.dflash.laguna") is not True:
-        out.append(ContractError(p, f"{ARCH}.dflash.laguna", "true", info.get(f"{ARCH}.dflash.laguna")))
-    if info.get(f"{ARCH}.attention.causal") is not True:
-        out.append(ContractError(p, f"{ARCH}.attention.causal", "true", info.get(f"{ARCH}.attention.causal")))
+    if info.header is not None:
+        # out-of-range values first, and alone: the layout is derived from them
+        out = header_problems(info.header)
+        if out:
+            return out
+    out = []
     cfg = info.config()
     if cfg is None:
         out.append(ContractError(p, f"{ARCH}.*", "the size keys of SPEC §5a", "some missing"))

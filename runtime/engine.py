@@ -13,16 +13,20 @@ leave the target's KV cache and only the accepted rows' captured states enter th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from convert.gguf_rules import read_header_cached
+
 from .drafter import Drafter
-from .llama import Context, ContextParams, LlamaError, Model, microbatch_for_window
-from .pair import read_target
+from .llama import ClosedError, Context, ContextParams, LlamaError, Model, microbatch_for_window
+from .pair import DRAFT_ARCH, check_pair, read_drafter, read_target
 from .sampling import Sampler, SamplingParams
 from .tuner import DepthPolicy, FixedDepth, capture_horizon
 
@@ -122,12 +126,57 @@ class GenerationResult:
     stop_reason: str
 
 
+class EngineBusy(RuntimeError):
+    """generate/stream called while this thread's own stream of the same engine is still open."""
+
+
+class _OneAtATime:
+    """The engine's lock: other threads wait for the running call; the thread that holds it may
+    call the helpers (tokenize, detokenize, close: from a trace callback, or with a stream still
+    open) but cannot start a second sequence, which would reset the cache under the first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    @contextlib.contextmanager
+    def hold(self, *, reentrant: bool) -> Iterator[None]:
+        me = threading.get_ident()
+        if self._owner == me:
+            if not reentrant:
+                raise EngineBusy("this engine is already generating in this thread (an open stream?): "
+                                 "finish or close it first")
+            yield
+            return
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
+
+
 class Engine:
-    """A loaded target (and optional drafter) ready to generate."""
+    """A loaded target (and optional drafter) ready to generate.
+
+    One engine runs one sequence at a time: its contexts hold one KV cache each. Calls from
+    several threads are safe and serialize: ``generate``, ``stream`` (for as long as the
+    stream is open), ``tokenize``, ``detokenize``, ``reset`` and ``close`` wait for the call
+    running in another thread. Within one thread, starting a second ``generate``/``stream``
+    while a stream is still open raises :class:`EngineBusy`. For parallel sequences use one
+    engine per thread.
+
+    After ``close()`` every call raises :class:`~runtime.llama.ClosedError`; so does any use of
+    the engine once its target ``Model`` was closed. Token ids given to it (a prompt of ids,
+    ``detokenize``) are checked against the vocabulary first (ValueError naming the id).
+    """
 
     def __init__(self, target: Model, drafter_path=None, config: EngineConfig | None = None,
                  max_depth: int | None = None) -> None:
         self.config = cfg = config or EngineConfig()
+        self._serial = _OneAtATime()
+        self._closed = False
+        self._owns_target = False  # Engine.load's model is closed with the engine
         self.target = target
         self.target_spec = read_target(target.path)
         draft_spec = None
@@ -166,15 +215,38 @@ class Engine:
         from .llama import set_verbose
 
         set_verbose(cfg.verbose)
-        return cls(Model(target_path, n_gpu_layers=cfg.n_gpu_layers), drafter_path, cfg)
+        # Every header value llama.cpp reads is range-checked before any model exists; a drafter
+        # in another layout (Poolside's) is checked once rewritten, in __init__.
+        target_spec = read_target(target_path)
+        if drafter_path is not None and read_header_cached(drafter_path).arch == DRAFT_ARCH:
+            check_pair(read_drafter(drafter_path), target_spec)
+        model = Model(target_path, n_gpu_layers=cfg.n_gpu_layers)
+        try:
+            engine = cls(model, drafter_path, cfg)
+        except BaseException:
+            model.close()
+            raise
+        engine._owns_target = True
+        return engine
 
     # ------------------------------------------------------------------ helpers
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("engine already closed")
+        if self.target.closed:
+            raise ClosedError(f"{self.target.path}: the engine's target model was closed")
+
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return self.target.tokenize(text, add_special=add_bos, parse_special=True)
+        with self._serial.hold(reentrant=True):
+            self._check_open()
+            return self.target.tokenize(text, add_special=add_bos, parse_special=True)
 
     def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+        """Text of token ids; ValueError naming the first id outside the vocabulary."""
+        with self._serial.hold(reentrant=True):
+            self._check_open()
+            return self.target.detokenize(tokens).decode("utf-8", errors="replace")
 
     def _set_capture(self, enable: bool) -> None:
         if self.drafter is not None:
@@ -182,9 +254,11 @@ class Engine:
                 self.ctx.set_capture(slot, enable)
 
     def reset(self) -> None:
-        self.ctx.clear()
-        if self.drafter is not None:
-            self.drafter.reset()
+        with self._serial.hold(reentrant=True):
+            self._check_open()
+            self.ctx.clear()
+            if self.drafter is not None:
+                self.drafter.reset()
 
     def _policy(self, n_max: int | str) -> DepthPolicy:
         if isinstance(n_max, DepthPolicy):
@@ -210,6 +284,11 @@ class Engine:
     # ------------------------------------------------------------------ generation
 
     def generate(self, prompt: str | list[int], options: GenerateOptions | None = None) -> GenerationResult:
+        with self._serial.hold(reentrant=False):
+            self._check_open()
+            return self._generate(prompt, options)
+
+    def _generate(self, prompt: str | list[int], options: GenerateOptions | None) -> GenerationResult:
         tokens: list[int] = []
         gen = self._run(prompt, options or GenerateOptions(), tokens)
         stop_reason = "length"
@@ -224,20 +303,24 @@ class Engine:
         return GenerationResult(tokens=tokens, text=text, stats=stats, stop_reason=stop_reason)
 
     def stream(self, prompt: str | list[int], options: GenerateOptions | None = None) -> Iterator[str]:
-        """Text pieces as tokens are accepted (a whole accepted run at a time)."""
-        tokens: list[int] = []
-        pending = b""
-        for new in self._run(prompt, options or GenerateOptions(), tokens):
-            pending += b"".join(self.target.token_bytes(t) for t in new)
-            text, pending = _split_utf8(pending)
-            if text:
-                yield text
-        if pending:
-            yield pending.decode("utf-8", errors="replace")
+        """Text pieces as tokens are accepted (a whole accepted run at a time). The engine is
+        held from the first piece until the stream ends or is closed."""
+        with self._serial.hold(reentrant=False):
+            self._check_open()
+            tokens: list[int] = []
+            pending = b""
+            for new in self._run(prompt, options or GenerateOptions(), tokens):
+                pending += b"".join(self.target.token_bytes(t) for t in new)
+                text, pending = _split_utf8(pending)
+                if text:
+                    yield text
+            if pending:
+                yield pending.decode("utf-8", errors="replace")
 
     def _run(self, prompt, opts: GenerateOptions, out: list[int]):
         """Generator: yields each round's newly emitted tokens; returns (stats, stop_reason)."""
-        prompt_tokens = self.tokenize(prompt, opts.add_bos) if isinstance(prompt, str) else list(prompt)
+        prompt_tokens = self.tokenize(prompt, opts.add_bos) if isinstance(prompt, str) \
+            else self.target.check_tokens(prompt)
         if not prompt_tokens:
             raise ValueError("empty prompt")
         if len(prompt_tokens) + opts.n_predict + 16 > self.ctx.n_ctx:
@@ -356,10 +439,17 @@ class Engine:
         return len(emitted), None
 
     def close(self) -> None:
-        if self.drafter is not None:
-            self.drafter.close()
-            self.drafter = None
-        self.ctx.close()
+        """Free both contexts (and the target model when Engine.load made it); waits for a
+        generation running in another thread. Closing twice is harmless."""
+        with self._serial.hold(reentrant=True):
+            self._closed = True
+            if self.drafter is not None:
+                self.drafter.close()
+                self.drafter = None
+            if getattr(self, "ctx", None) is not None:
+                self.ctx.close()
+            if self._owns_target:
+                self.target.close()
 
     def __enter__(self) -> "Engine":
         return self

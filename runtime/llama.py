@@ -1,8 +1,12 @@
 """A thin, checked layer over llama-cpp-python's low-level API: models, contexts, batches.
 
 Every call into libllama that could trip a GGML_ASSERT (which kills the whole Python process)
-is guarded here first: files are checked before loading, row counts against the batch size,
-capture slots against the model. Failures raise :class:`LlamaError` with one-line messages.
+is guarded here first: files and every header value llama.cpp reads are checked before loading
+(convert/gguf_rules.py), token ids against the vocabulary, row counts against the batch size,
+capture slots against the model. A closed model or context refuses further use, and closing a
+model first closes the contexts built on it (and a context those that borrow from it), so no
+freed pointer is ever passed to libllama. Failures raise :class:`LlamaError` (or ValueError for
+a bad token id) with one-line messages.
 """
 
 from __future__ import annotations
@@ -10,12 +14,15 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 import llama_cpp.llama_cpp as ll
+
+from convert.gguf_rules import checked_header
 
 from . import bindings
 
@@ -25,6 +32,10 @@ _KV_TYPES = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16}
 
 class LlamaError(RuntimeError):
     """A llama.cpp operation failed or was refused before it could abort the process."""
+
+
+class ClosedError(LlamaError):
+    """A model, context or engine was used after close()."""
 
 
 # ---------------------------------------------------------------------------- logging
@@ -85,23 +96,50 @@ class Model:
         self.path = Path(path)
         self.n_gpu_layers = n_gpu_layers
         check_gguf_file(self.path)
+        checked_header(self.path, before_load=True)  # ContractError for a value llama.cpp would assert on
+        self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()
         params = ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = use_mmap
         self._ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
         if not self._ptr:
             raise LlamaError(f"{self.path}: llama.cpp refused to load it (run with --verbose for its log)")
-        self.vocab = ll.llama_model_get_vocab(self._ptr)
+        self._vocab = ll.llama_model_get_vocab(self._ptr)
         self.n_embd = ll.llama_model_n_embd(self._ptr)
         self.n_layer = ll.llama_model_n_layer(self._ptr)
-        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.arch = self.meta("general.architecture") or "?"
+
+    @property
+    def closed(self) -> bool:
+        return not self._ptr
 
     @property
     def ptr(self) -> ctypes.c_void_p:
         if not self._ptr:
-            raise LlamaError(f"{self.path}: model already closed")
+            raise ClosedError(f"{self.path}: model already closed")
         return self._ptr
+
+    @property
+    def vocab(self) -> ctypes.c_void_p:
+        """The vocabulary lives inside the model: it goes when the model is closed."""
+        if not self._ptr:
+            raise ClosedError(f"{self.path}: model already closed")
+        return self._vocab
+
+    def check_token(self, token) -> int:
+        """``token`` as an int when it is an id of this vocabulary, else ValueError naming it and the range.
+        (llama.cpp indexes its token table unchecked, or throws through the C API: either kills the process.)"""
+        if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+            raise ValueError(f"token id {token!r}: expected an integer in 0..{self.n_vocab - 1}")
+        t = int(token)
+        if not 0 <= t < self.n_vocab:
+            raise ValueError(f"token id out of range: {t} is not in 0..{self.n_vocab - 1} (the vocabulary of "
+                             f"{self.path.name})")
+        return t
+
+    def check_tokens(self, tokens) -> list[int]:
+        return [self.check_token(t) for t in tokens]
 
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(4096)
@@ -122,15 +160,21 @@ class Model:
         return list(arr[:n])
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
+        token = self.check_token(token)
+        vocab = self.vocab
         buf = ctypes.create_string_buffer(64)
-        n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            n = ll.llama_token_to_piece(vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
+    def detokenize(self, tokens) -> bytes:
+        """The bytes of a token sequence (every id checked before any is converted)."""
+        return b"".join(self.token_bytes(t) for t in self.check_tokens(tokens))
+
     def token_text(self, token: int) -> str:
-        return ll.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace")
+        return ll.llama_vocab_get_text(self.vocab, self.check_token(token)).decode("utf-8", errors="replace")
 
     def special_text(self, which: str) -> str:
         """Text of the bos/eos token ('' when the vocabulary has none)."""
@@ -138,7 +182,7 @@ class Model:
         return self.token_text(tok) if tok >= 0 else ""
 
     def is_eog(self, token: int) -> bool:
-        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+        return bool(ll.llama_vocab_is_eog(self.vocab, self.check_token(token)))
 
     def chat_template(self) -> str | None:
         t = ll.llama_model_chat_template(self.ptr, None)
@@ -146,6 +190,8 @@ class Model:
 
     def close(self) -> None:
         if self._ptr:
+            for ctx in list(getattr(self, "_contexts", ())):  # a context must not outlive its model
+                ctx.close()
             ll.llama_model_free(self._ptr)
             self._ptr = None
 
@@ -225,9 +271,13 @@ class Context:
         if other is not None:
             cp.ctx_other = other.ptr
         self._other = other  # keep the borrowed context alive as long as this one
+        self._dependents: weakref.WeakSet[Context] = weakref.WeakSet()  # contexts borrowing from this one
         self._ptr = ll.llama_init_from_model(model.ptr, cp)
         if not self._ptr:
             raise LlamaError(f"{model.path}: llama.cpp could not create a context (run with --verbose for its log)")
+        model._contexts.add(self)
+        if other is not None:
+            other._dependents.add(self)
         self.n_ctx = ll.llama_n_ctx(self._ptr)
         self.n_batch = ll.llama_n_batch(self._ptr)
         self._n_vocab = model.n_vocab
@@ -240,9 +290,13 @@ class Context:
         self._views: dict[tuple[int, int, int], np.ndarray] = {}
 
     @property
+    def closed(self) -> bool:
+        return not self._ptr
+
+    @property
     def ptr(self) -> ctypes.c_void_p:
         if not self._ptr:
-            raise LlamaError("context already closed")
+            raise ClosedError(f"{self.model.path}: context already closed")
         return self._ptr
 
     # -- batches
@@ -261,17 +315,25 @@ class Context:
         if len(positions) != n:
             raise LlamaError(f"{len(positions)} positions for {n} rows")
         if int(positions.min()) < 0:
-            raise LlamaError(f"negative position {int(positions.min())}")
+            raise LlamaError(f"position {int(positions.min())}: expected >= 0")
         if int(positions.max()) >= self.n_ctx:
             raise LlamaError(f"position {int(positions.max())} is past the context size {self.n_ctx}; raise -c")
 
     def _check_tokens(self, tok: np.ndarray) -> None:
         if tok.min() < 0 or tok.max() >= self._n_vocab:
-            raise LlamaError(f"token id out of range 0..{self._n_vocab - 1}")
+            bad = int(tok[(tok < 0) | (tok >= self._n_vocab)][0])
+            self._bad_token(bad)
+
+    def _bad_token(self, bad: int) -> None:
+        raise LlamaError(f"token id out of range: {bad} is not in 0..{self._n_vocab - 1} (the vocabulary "
+                         f"of {self.model.path.name})")
 
     def decode(self, tokens, positions, logits: str | np.ndarray = "last") -> None:
         """Decode tokens at positions. ``logits``: "last", "all", "none" or a boolean row mask."""
-        tok = np.asarray(tokens, dtype=np.int32)
+        try:
+            tok = np.asarray(tokens, dtype=np.int64)
+        except (OverflowError, TypeError, ValueError):
+            raise LlamaError(f"token ids: expected integers in 0..{self.model.n_vocab - 1}") from None
         pos = np.asarray(positions, dtype=np.int32)
         n = len(tok)
         self._check_rows(n, pos)
@@ -286,7 +348,7 @@ class Context:
         """Decode one token at pos with its logits: a plain decoding step, the engine's hot path
         (no array is made; the checks are the ones decode makes)."""
         if not 0 <= token < self._n_vocab:
-            raise LlamaError(f"token id out of range 0..{self._n_vocab - 1}")
+            self._bad_token(token)
         if not 0 <= pos < self.n_ctx:
             raise LlamaError(f"position {pos} is past the context size {self.n_ctx}; raise -c")
         b = self._batch(0)
@@ -304,9 +366,9 @@ class Context:
         if pos0 < 0 or pos0 + n > self.n_ctx:
             raise LlamaError(f"position {pos0 + n - 1} is past the context size {self.n_ctx}; raise -c")
         b = self._batch(0)
-        tok = b.token[:n]
-        tok[:] = tokens
+        tok = np.asarray(tokens, dtype=np.int64)
         self._check_tokens(tok)
+        b.token[:n] = tok
         b.pos[:n] = b.iota[:n]
         b.pos[:n] += pos0
         b.logits[:first_output] = 0
@@ -448,11 +510,15 @@ class Context:
         ll.llama_set_causal_attn(self.ptr, causal)
 
     def close(self) -> None:
-        self._views.clear()
-        for b in self._batches.values():
+        for ctx in list(getattr(self, "_dependents", ())):  # a borrower reads this context's model
+            ctx.close()
+        if hasattr(self, "_views"):
+            self._views.clear()
+        for b in getattr(self, "_batches", {}).values():
             b.free()
-        self._batches.clear()
-        if self._ptr:
+        if hasattr(self, "_batches"):
+            self._batches.clear()
+        if getattr(self, "_ptr", None):
             ll.llama_free(self._ptr)
             self._ptr = None
 
