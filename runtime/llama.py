@@ -210,6 +210,7 @@ class Model:
 
 # ---------------------------------------------------------------------------- context
 
+_SMALL = 32  # batches up to this many rows are filled item by item (see Context._fill_small)
 SWA_PAD = 256  # llama.cpp pads a sliding-window KV cache to a multiple of this many cells
 
 
@@ -366,14 +367,28 @@ class Context:
         if pos0 < 0 or pos0 + n > self.n_ctx:
             raise LlamaError(f"position {pos0 + n - 1} is past the context size {self.n_ctx}; raise -c")
         b = self._batch(0)
-        tok = np.asarray(tokens, dtype=np.int64)
-        self._check_tokens(tok)
-        b.token[:n] = tok
-        b.pos[:n] = b.iota[:n]
-        b.pos[:n] += pos0
-        b.logits[:first_output] = 0
-        b.logits[first_output:n] = 1
+        if n <= _SMALL:
+            self._fill_small(b, tokens, pos0, first_output)
+        else:
+            tok = np.asarray(tokens, dtype=np.int64)
+            self._check_tokens(tok)
+            b.token[:n] = tok
+            b.pos[:n] = b.iota[:n]
+            b.pos[:n] += pos0
+            b.logits[:first_output] = 0
+            b.logits[first_output:n] = 1
         self._run(b, n)
+
+    def _fill_small(self, b: "_Batch", tokens, pos0: int, first_output: int) -> None:
+        # item by item through ctypes: for a verify block or a draft, 5x cheaper than the
+        # numpy calls (1.7 against 9.4 us for 5 rows)
+        tok, pos, out, nv = b.batch.token, b.batch.pos, b.batch.logits, self._n_vocab
+        for i, t in enumerate(tokens):
+            if not 0 <= t < nv:
+                self._bad_token(int(t))
+            tok[i] = t
+            pos[i] = pos0 + i
+            out[i] = i >= first_output
 
     def decode_embd(self, embd: np.ndarray, positions) -> None:
         """Decode rows of input embeddings (for a DFlash drafter: fused target features)."""
@@ -404,9 +419,15 @@ class Context:
         if pos0 < 0 or pos0 + n > self.n_ctx:
             raise LlamaError(f"position {pos0 + n - 1} is past the context size {self.n_ctx}; raise -c")
         b = self._batch(width)
-        b.pos[:n] = b.iota[:n]
-        b.pos[:n] += pos0
-        b.logits[:n] = 0
+        if n <= _SMALL:
+            pos, out = b.batch.pos, b.batch.logits
+            for i in range(n):
+                pos[i] = pos0 + i
+                out[i] = 0
+        else:
+            b.pos[:n] = b.iota[:n]
+            b.pos[:n] += pos0
+            b.logits[:n] = 0
         self._run(b, n)
 
     def _run(self, b: "_Batch", n: int) -> None:
