@@ -231,8 +231,9 @@ def inspect_cmd(
         ("heads / kv heads / head dim", f"{info.get(f'{a}.attention.head_count')} / "
                                         f"{info.get(f'{a}.attention.head_count_kv')} / "
                                         f"{info.get(f'{a}.attention.key_length')}"),
-        ("sliding window", info.get(f"{a}.attention.sliding_window")),
-        ("rope base", info.get(f"{a}.rope.freq_base")),
+        ("sliding window", info.get(f"{a}.attention.sliding_window") or "none (full attention)"),
+        ("rope base / rotated dims", f"{info.get(f'{a}.rope.freq_base')} / {info.get(f'{a}.rope.dimension_count')}"),
+        ("gating", info.get(f"{a}.dflash.gating") or "per-head"),
         ("block size", info.get(f"{a}.dflash.block_size")),
         ("mask token id", info.get(f"{a}.dflash.mask_token_id")),
         ("target layer ids (HF)", info.get(f"{a}.dflash.target_layer_ids")),
@@ -242,6 +243,8 @@ def inspect_cmd(
         ("vocabulary", f"{len(info.tokens)} tokens"),
         ("file type", _file_type_name(info.get("general.file_type"))),
     ]
+    if runtimes := info.runtimes():
+        rows.append(("loads in", ", ".join(runtimes)))
     by_type: dict[str, int] = {}
     for _, qtype, _ in info.tensors.values():
         by_type[qtype.name] = by_type.get(qtype.name, 0) + 1

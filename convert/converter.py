@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFReader, GGUFValueType
 
+from . import gguf_keys as K
 from .checkpoint import DrafterConfig, check_pair, load_config
 from .errors import UserError
 from .mapping import INDEX_FILE, SINGLE_FILE, Kind, PlannedTensor, RowStack, gguf_plan, load_checkpoint
@@ -29,7 +30,7 @@ from .safetensors_io import file_kind, index_shard_files
 from .target import TargetInfo
 from .writer import KV, TensorSpec, check_metadata, write_gguf
 
-ARCH = "dflash-draft"
+ARCH = K.ARCH
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 U32, F32, BOOL, STR, ARR, I32 = (GGUFValueType.UINT32, GGUFValueType.FLOAT32, GGUFValueType.BOOL,
@@ -49,41 +50,49 @@ def drafter_metadata(
     name: str,
     source_repo: str | None = None,
 ) -> dict[str, KV]:
-    """Every metadata key of the output file, in file order (SPEC §5a, tokenizer copied from the target)."""
-    a = ARCH
+    """Every metadata key of the output file, in file order (SPEC §5a, tokenizer copied from the target).
+
+    A full-attention drafter has no ``attention.sliding_window`` key (ik reads its absence as no
+    window) and a pattern of falses; the gating mode is recorded only where ik has no default.
+    """
     kv: dict[str, KV] = {
-        "general.architecture": KV(a, STR),
-        "general.type": KV("model", STR),
-        "general.name": KV(name, STR),
-        "general.basename": KV(re.sub(r"\s+", "-", name.strip()), STR),
-        "general.file_type": KV(outtype.file_type, U32),
-        "general.quantization_version": KV(GGML_QUANT_VERSION, U32),
+        K.GENERAL_ARCHITECTURE: KV(ARCH, STR),
+        K.GENERAL_TYPE: KV("model", STR),
+        K.GENERAL_NAME: KV(name, STR),
+        K.GENERAL_BASENAME: KV(re.sub(r"\s+", "-", name.strip()), STR),
+        K.GENERAL_FILE_TYPE: KV(outtype.file_type, U32),
+        K.GENERAL_QUANTIZATION_VERSION: KV(GGML_QUANT_VERSION, U32),
     }
     if source_repo:
-        kv["general.source.huggingface.repository"] = KV(source_repo, STR)
+        kv[K.GENERAL_SOURCE_REPO] = KV(source_repo, STR)
+    sliding = cfg.sliding_window is not None
     kv |= {
-        f"{a}.vocab_size": KV(cfg.vocab_size, U32),
-        f"{a}.context_length": KV(cfg.max_position_embeddings, U32),
-        f"{a}.embedding_length": KV(cfg.hidden_size, U32),
-        f"{a}.feed_forward_length": KV(cfg.intermediate_size, U32),
-        f"{a}.block_count": KV(cfg.num_hidden_layers, U32),
-        f"{a}.attention.head_count": KV(cfg.num_attention_heads, U32),
-        f"{a}.attention.head_count_kv": KV(cfg.num_key_value_heads, U32),
-        f"{a}.attention.key_length": KV(cfg.head_dim, U32),
-        f"{a}.attention.value_length": KV(cfg.head_dim, U32),
-        f"{a}.attention.layer_norm_rms_epsilon": KV(cfg.rms_norm_eps, F32),
-        f"{a}.attention.causal": KV(True, BOOL),
-        f"{a}.attention.sliding_window": KV(cfg.sliding_window, U32),
-        f"{a}.attention.sliding_window_pattern": KV([True] * cfg.num_hidden_layers, ARR, BOOL),
-        f"{a}.rope.freq_base": KV(cfg.rope_theta, F32),
-        f"{a}.rope.dimension_count": KV(cfg.head_dim, U32),
-        f"{a}.dflash.laguna": KV(True, BOOL),
-        f"{a}.dflash.block_size": KV(cfg.block_size, U32),
-        f"{a}.dflash.mask_token_id": KV(cfg.mask_token_id, U32),
-        f"{a}.dflash.target_layer_ids": KV(list(cfg.target_layer_ids), ARR, I32),
-        f"{a}.dflash.n_target_features": KV(len(cfg.target_layer_ids) * target.hidden_size, U32),
-        f"{a}.dflash.target_name": KV(target.name, STR),
-        f"{a}.dflash.target_n_layer": KV(target.n_layer, U32),
+        K.VOCAB_SIZE: KV(cfg.vocab_size, U32),
+        K.CONTEXT_LENGTH: KV(cfg.max_position_embeddings, U32),
+        K.EMBEDDING_LENGTH: KV(cfg.hidden_size, U32),
+        K.FEED_FORWARD_LENGTH: KV(cfg.intermediate_size, U32),
+        K.BLOCK_COUNT: KV(cfg.num_hidden_layers, U32),
+        K.HEAD_COUNT: KV(cfg.num_attention_heads, U32),
+        K.HEAD_COUNT_KV: KV(cfg.num_key_value_heads, U32),
+        K.KEY_LENGTH: KV(cfg.head_dim, U32),
+        K.VALUE_LENGTH: KV(cfg.head_dim, U32),
+        K.RMS_EPS: KV(cfg.rms_norm_eps, F32),
+        K.CAUSAL: KV(True, BOOL),
+    }
+    if sliding:
+        kv[K.SLIDING_WINDOW] = KV(cfg.sliding_window, U32)
+    kv |= {
+        K.SLIDING_WINDOW_PATTERN: KV([sliding] * cfg.num_hidden_layers, ARR, BOOL),
+        K.ROPE_FREQ_BASE: KV(cfg.rope_theta, F32),
+        K.ROPE_DIMENSION_COUNT: KV(cfg.rope_dimension_count, U32),
+        K.DFLASH_LAGUNA: KV(True, BOOL),
+        K.BLOCK_SIZE: KV(cfg.block_size, U32),
+        K.MASK_TOKEN_ID: KV(cfg.mask_token_id, U32),
+        K.TARGET_LAYER_IDS: KV(list(cfg.target_layer_ids), ARR, I32),
+        K.N_TARGET_FEATURES: KV(len(cfg.target_layer_ids) * target.hidden_size, U32),
+        K.GATING: KV(cfg.gating, STR),
+        K.TARGET_NAME: KV(target.name, STR),
+        K.TARGET_N_LAYER: KV(target.n_layer, U32),
     }
     kv |= target.tokenizer
     return kv

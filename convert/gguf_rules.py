@@ -24,13 +24,14 @@ from pathlib import Path
 
 from gguf import GGUFValueType as T
 
+from . import gguf_keys
 from .errors import ContractError
 from .gguf_header import Header, Value, read_header
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
 LLAMA_MAX_EXPERTS = 1024
 I32_MAX = 2**31 - 1  # llama.cpp stores most counts in uint32 but computes with int
-DRAFT_ARCH = "dflash-draft"
+DRAFT_ARCH = gguf_keys.ARCH
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 
 
@@ -139,7 +140,10 @@ ARCH_RULES: dict[str, dict[str, Rule]] = {
         "attention.value_length": count(1),
         "attention.layer_norm_rms_epsilon": positive_float(required=True),
         "attention.causal": flag(True, required=True, before_load=False),
-        "attention.sliding_window": count(2, 1 << 20, required=True),
+        # absent: full attention (no window), as ik_llama.cpp reads it
+        "attention.sliding_window": count(2, 1 << 20),
+        "rope.dimension_count": even_count(2),
+        "dflash.gating": one_of(*gguf_keys.GATING_MODES),
         "dflash.laguna": flag(True, required=True, before_load=False),
         "dflash.block_size": count(2, 512, required=True),
         "dflash.mask_token_id": count(0, required=True),
@@ -148,7 +152,7 @@ ARCH_RULES: dict[str, dict[str, Rule]] = {
         "dflash.target_layer_ids": Rule(f"a non-empty array of layer ids in 0..{LLAMA_MAX_LAYERS - 1}", (),
                                         lambda v: 0 <= v < LLAMA_MAX_LAYERS, per_layer=True,
                                         array_types=(T.INT32, T.UINT32), required=True),
-        "attention.sliding_window_pattern": Rule("true for every layer", (), lambda v: v is True,
+        "attention.sliding_window_pattern": Rule("one bool per layer", (), lambda v: isinstance(v, bool),
                                                  per_layer=True, array_types=(T.BOOL,)),
     },
 }
@@ -261,12 +265,13 @@ def _drafter(v: _View) -> ContractError | None:
         return ContractError(path, v.key("dflash.n_target_features"),
                              f"{len(ids) * v.raw('embedding_length')} (len(target_layer_ids) x embedding_length)",
                              n_feat)
-    n_rot, head_dim = v.raw("rope.dimension_count"), v.raw("attention.key_length")
-    if n_rot is not None and n_rot != head_dim:
-        return ContractError(path, v.key("rope.dimension_count"), f"{head_dim} (attention.key_length)", n_rot)
+    # partial rotary (vLLM's partial_rotary_factor) rotates fewer dims than the head has;
+    # _rope already refuses more than the head
     pattern = v.raw("attention.sliding_window_pattern")
-    if pattern is not None and len(pattern) != n_layer:
-        return ContractError(path, v.key("attention.sliding_window_pattern"), f"{n_layer} x true", pattern)
+    sliding = v.raw("attention.sliding_window") is not None
+    if pattern is not None and (len(pattern) != n_layer or any(bool(x) != sliding for x in pattern)):
+        expected = "true (sliding)" if sliding else "false (no attention.sliding_window: full attention)"
+        return ContractError(path, v.key("attention.sliding_window_pattern"), f"{n_layer} x {expected}", pattern)
     tokens = v.header.fields.get("tokenizer.ggml.tokens")
     n_vocab = len(tokens.value) if tokens is not None and tokens.is_array else 0
     if n_vocab == 0:

@@ -151,10 +151,12 @@ def is_poolside_layout(path: Path | str) -> bool:
     path = Path(path)
     if not path.is_file():
         return False
+    from .gguf_header import read_header
+
+    # the header alone: laguna-run, inspect and Engine.load all ask, and gguf-py's reader
+    # would map and index every tensor of the file to answer
     try:
-        reader = GGUFReader(path, "r")
-        arch = reader.fields.get("general.architecture")
-        return arch is not None and arch.contents() == POOLSIDE_ARCH
+        return read_header(path).arch == POOLSIDE_ARCH
     except Exception:  # not a GGUF at all: whoever reads it next says so, with its own message
         return False
 
@@ -536,7 +538,7 @@ def layout_version() -> str:
     """A digest of the code that decides what a rewrite holds: a change to any of it means a new rewrite."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for module in ("poolside", "mapping", "converter", "checkpoint", "quantize", "writer"):
+    for module in ("poolside", "mapping", "converter", "checkpoint", "quantize", "writer", "gguf_keys"):
         h.update((here / f"{module}.py").read_bytes())
     return "l" + h.hexdigest()[:12]
 

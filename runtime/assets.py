@@ -33,9 +33,12 @@ def tiny_drafter_digest() -> str:
 def converted_tiny_drafter(outtype: str = "q8_0") -> Path:
     """The shipped HF drafter converted with laguna-gguf convert, once per checkpoint content."""
     from convert import converter
+    from convert.poolside import layout_version
     from convert.target import read_target
 
-    out = cache_dir() / "demo" / f"Laguna-Tiny-DFlash-{outtype}-{tiny_drafter_digest()}.gguf"
+    # keyed by the converter's code too: a cached file from before a layout change (e.g. the
+    # pre-FFN norm's name) would still load here but not in ik_llama.cpp
+    out = cache_dir() / "demo" / f"Laguna-Tiny-DFlash-{outtype}-{tiny_drafter_digest()}-{layout_version()}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         converter.convert(TINY_DRAFTER_HF, read_target(TINY_TARGET), out, converter.OutType(outtype))

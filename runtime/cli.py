@@ -2,6 +2,7 @@
 
     laguna-run -m target.gguf -md drafter.gguf -p "def quicksort(xs):" -n 128 --n-max 4
     laguna-run bench -m target.gguf -md drafter.gguf --prompts code.txt --n-max 1,2,4,8
+    laguna-run serve -m target.gguf -md drafter.gguf --port 8080     (runtime/server: the OpenAI API)
 
 Flag names follow llama.cpp wherever one exists.
 """
@@ -146,16 +147,26 @@ def check_depths(depths: list, drafter: Path | None, batch: int) -> None:
                         f"the bonus token and up to {rows - 1} drafts), found {batch}")
 
 
-def _engine(model: Path, draft: Path | None, ctx: int, batch: int, ubatch: int, threads: int,
-            ngl, ngld, device, draft_device, force, verbose, kv_type="f16"):
-    from .engine import Engine, EngineConfig
-    from .llama import LlamaError
+def engine_config(ctx: int, batch: int, ubatch: int, threads: int, ngl, ngld, device, draft_device, force,
+                  verbose, kv_type="f16", prompt_cache=True):
+    """EngineConfig and Placement from the model/placement flags (run, bench and serve)."""
+    from .engine import EngineConfig
     from .placement import resolve
 
     placement = resolve(device, draft_device, ngl, ngld, force)
     cfg = EngineConfig(n_ctx=ctx, n_batch=batch, n_ubatch=min(ubatch, batch) or None, n_threads=threads,
                        n_gpu_layers=placement.n_gpu_layers, n_gpu_layers_draft=placement.n_gpu_layers_draft,
-                       kv_type=kv_type, verbose=verbose)
+                       kv_type=kv_type, verbose=verbose, prompt_cache=prompt_cache)
+    return cfg, placement
+
+
+def _engine(model: Path, draft: Path | None, ctx: int, batch: int, ubatch: int, threads: int,
+            ngl, ngld, device, draft_device, force, verbose, kv_type="f16", prompt_cache=True):
+    from .engine import Engine
+    from .llama import LlamaError
+
+    cfg, placement = engine_config(ctx, batch, ubatch, threads, ngl, ngld, device, draft_device, force, verbose,
+                                   kv_type, prompt_cache)
     try:
         return Engine.load(model, draft, cfg), placement
     except LlamaError as e:
@@ -383,7 +394,7 @@ def bench(
     check_depths(depths, model_draft, batch_size)
     engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
                                 n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose,
-                                kv_type=cache_type)
+                                kv_type=cache_type, prompt_cache=False)  # each prompt measured from scratch
     ctrl_c = CtrlC()
     with engine:
         try:
@@ -433,9 +444,9 @@ def _usage_error(e: Exception, app: typer.Typer, prog_name: str) -> None:
     print("error: " + " ".join(message.split()), file=sys.stderr)
 
 
-def _invoke(app: typer.Typer, args: list[str]) -> int:
+def _invoke(app: typer.Typer, args: list[str], prog_name: str | None = None) -> int:
     click_exception, abort = _click_exception_types()
-    prog_name = "laguna-run" if app is run_app else "laguna-run bench"
+    prog_name = prog_name or ("laguna-run" if app is run_app else "laguna-run bench")
     try:
         rv = app(args=args, prog_name=prog_name, standalone_mode=False)
         # without standalone mode, click returns an Exit's code (--help: 0; typer's Ctrl-C: 130)
@@ -461,6 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "bench":
         code = _invoke(bench_app, args[1:])
+    elif args and args[0] == "serve":
+        from .server.cli import serve_app
+
+        code = _invoke(serve_app, args[1:], "laguna-run serve")
     else:
         code = _invoke(run_app, args[1:] if args and args[0] == "run" else args)
     if argv is None:

@@ -19,12 +19,16 @@ from .pair import DrafterSpec, check_pair, fuse_features, read_drafter, read_tar
 class Drafter:
     def __init__(self, path, target_ctx: Context, n_gpu_layers: int = 0,
                  n_batch: int = 512, kv_type: str = "f16", n_threads: int = 0,
-                 spec: DrafterSpec | None = None, check_target: bool = True) -> None:
+                 spec: DrafterSpec | None = None, check_target: bool = True,
+                 model: Model | None = None) -> None:
+        """``model``: the drafter already loaded (several drafters over one model, e.g. the
+        server's slots); it stays open when this drafter closes."""
         self.spec = spec or read_drafter(path)
         if check_target:
             check_pair(self.spec, read_target(target_ctx.model.path))
         self.target_ctx = target_ctx
-        self.model = Model(self.spec.path, n_gpu_layers=n_gpu_layers)
+        self._owns_model = model is None
+        self.model = model if model is not None else Model(self.spec.path, n_gpu_layers=n_gpu_layers)
         if not bindings.lib().laguna_ext_model_is_dflash_laguna(self.model.ptr):
             raise LlamaError(f"{self.spec.path}: loaded, but not as a Laguna DFlash drafter")
         # the block (<= block_size rows) must decode as one ubatch, so the SWA cache only
@@ -107,6 +111,10 @@ class Drafter:
             self.inject_visible(self._pending[:self.n_pending], self.n_context, next_query)
             self.n_pending = 0
 
+    def drop_pending(self) -> None:
+        """Forget the queued rows without accounting for them (a new sequence starts)."""
+        self.n_pending = 0
+
     def skip_pending(self, extra: int) -> None:
         """Drop the queued rows and ``extra`` more unread ones: no future query will see them."""
         self.skip_context(self.n_pending + extra)
@@ -125,7 +133,11 @@ class Drafter:
 
     def inject_visible(self, features: np.ndarray, start_pos: int, next_query: int) -> None:
         """Like inject, but rows that no query at or after ``next_query`` can see through the
-        sliding window (position <= next_query - window) are skipped, not computed."""
+        sliding window (position <= next_query - window) are skipped, not computed. Without a
+        window (full attention) every row stays visible and is injected."""
+        if not self.spec.sliding_window:
+            self.inject(features, start_pos)
+            return
         first_visible = next_query - self.spec.sliding_window + 1
         skip = min(len(features), max(0, first_visible - start_pos))
         if skip:
@@ -151,6 +163,31 @@ class Drafter:
         self.n_context = 0
         self.n_pending = 0
         self._cache_empty = True
+
+    def trim(self, n_keep: int, next_query: int) -> int:
+        """For a new sequence that shares its first ``n_keep`` positions with the cached one and
+        drafts first at ``next_query``: keep what the cache holds of those positions, drop the
+        rest, and return the position from which the caller must inject rows again (at most
+        ``n_keep``). The draft at ``next_query`` sees the rows of its window; rows of it that
+        the cache lacks (never injected: plain steps at the end of the last sequence, or
+        evicted from the sliding-window cache) make the return value smaller, so that the
+        target recomputes them."""
+        window = self.spec.sliding_window
+        need = max(0, next_query - window + 1) if window > 0 else 0  # first row the draft sees
+        if n_keep <= need:  # no kept row is visible: start over, as a fresh sequence would
+            self.reset()
+            self.skip_context(n_keep)
+            return n_keep
+        lo, hi = self.ctx.pos_min(), min(self.ctx.pos_max() + 1, self.n_context)
+        if not 0 <= lo <= need < hi:
+            self.reset()
+            self.skip_context(need)
+            return need
+        keep = min(n_keep, hi)
+        self.ctx.seq_rm(keep, -1)
+        self.n_context = keep
+        self._cache_empty = False
+        return keep
 
     def truncate(self, n_keep: int) -> None:
         """Drop context positions >= n_keep."""
@@ -195,7 +232,8 @@ class Drafter:
 
     def close(self) -> None:
         self.ctx.close()
-        self.model.close()
+        if self._owns_model:
+            self.model.close()
 
     def __enter__(self) -> "Drafter":
         return self

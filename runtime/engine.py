@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +42,9 @@ class EngineConfig:
     n_gpu_layers_draft: int = 0
     kv_type: str = "f16"
     verbose: bool = False
+    # keep the caches of the last sequence and prefill a new prompt only after the longest
+    # token prefix it shares with it (a chat's next turn re-reads only the new messages)
+    prompt_cache: bool = True
 
 
 @dataclass
@@ -59,6 +63,7 @@ class GenerateOptions:
 @dataclass
 class Stats:
     n_prompt: int = 0
+    n_cached: int = 0  # prompt tokens taken from the prompt cache (not prefilled)
     n_generated: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -106,7 +111,7 @@ class Stats:
 
     def as_dict(self) -> dict:
         return {
-            "n_prompt": self.n_prompt, "n_generated": self.n_generated, "rounds": self.rounds,
+            "n_prompt": self.n_prompt, "n_cached": self.n_cached, "n_generated": self.n_generated, "rounds": self.rounds,
             "drafted": self.drafted, "accepted": self.accepted,
             "mean_accepted_per_round": self.mean_accepted,
             "acceptance_by_position": self.acceptance_by_position,
@@ -172,7 +177,9 @@ class Engine:
     """
 
     def __init__(self, target: Model, drafter_path=None, config: EngineConfig | None = None,
-                 max_depth: int | None = None) -> None:
+                 max_depth: int | None = None, drafter_model: Model | None = None) -> None:
+        """``drafter_model``: the drafter at ``drafter_path`` already loaded, shared by several
+        engines over one target ``Model`` (each engine has its own contexts); left open by close()."""
         self.config = cfg = config or EngineConfig()
         self._serial = _OneAtATime()
         self._closed = False
@@ -198,15 +205,18 @@ class Engine:
             n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
             n_threads=cfg.n_threads, swa_full=swa_full))
         self._auto = None
+        self._cached: list[int] = []  # the tokens whose rows the caches hold (the prompt cache)
         self.last_stats: Stats | None = None
         self.last_stop_reason: str | None = None
         self.drafter: Drafter | None = None
-        # plain steps this close to a drafting round read their rows for the drafter
-        self.capture_horizon = capture_horizon(draft_spec.sliding_window if draft_spec else 0)
+        # plain steps this close to a drafting round read their rows for the drafter; a drafter
+        # without a window sees every row, so every plain step reads its row
+        window = draft_spec.sliding_window if draft_spec else 0
+        self.capture_horizon = capture_horizon(window) if window or draft_spec is None else math.inf
         if draft_spec is not None:
             self.drafter = Drafter(drafter_path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
                                    kv_type=cfg.kv_type, n_threads=cfg.n_threads, spec=draft_spec,
-                                   check_target=False)
+                                   check_target=False, model=drafter_model)
             self.drafter.enable_capture()
 
     @classmethod
@@ -256,9 +266,47 @@ class Engine:
     def reset(self) -> None:
         with self._serial.hold(reentrant=True):
             self._check_open()
+            self._cached = []
             self.ctx.clear()
             if self.drafter is not None:
                 self.drafter.reset()
+
+    def cached_prefix(self, tokens) -> int:
+        """How many leading ``tokens`` the prompt cache holds from the last sequence (0 when
+        it is off); a server picks the slot to run a prompt on by it. It reads a snapshot and
+        never waits for a running generation (which empties the cache until it ends)."""
+        cached = self._cached
+        if not self.config.prompt_cache:
+            return 0
+        n = min(len(cached), len(tokens))
+        if n == 0:
+            return 0
+        diff = np.flatnonzero(np.asarray(cached[:n]) != np.asarray(list(tokens[:n])))
+        return int(diff[0]) if len(diff) else n
+
+    def _reuse_prefix(self, prompt_tokens: list[int], drafter: Drafter | None) -> int:
+        """Trim the caches to the longest prefix of the prompt that they hold and return the
+        position prefill starts from; everything before it is reused as it is."""
+        # the last prompt token is always decoded: its logits give the first new token
+        n_keep = min(self.cached_prefix(prompt_tokens), len(prompt_tokens) - 1)
+        self._cached = []  # until this sequence completes, the caches hold no finished one
+        window = self.target_spec.sliding_window
+        if n_keep > 0 and window > 0:
+            # the target's sliding-window layers keep only the cells of a recent window; the
+            # first new query must see the positions after n_keep - window (llama-server's rule)
+            lo = self.ctx.pos_min()
+            if lo < 0 or lo > max(0, n_keep - window):
+                n_keep = 0
+        if n_keep > 0 and self.drafter is not None:
+            if drafter is not None:  # the first draft needs the rows of its window
+                n_keep = self.drafter.trim(n_keep, len(prompt_tokens))
+            else:  # a plain run: keep the drafter's rows of the shared prefix valid
+                self.drafter.truncate(n_keep)
+        if n_keep == 0:
+            self.reset()
+        else:
+            self.ctx.seq_rm(n_keep, -1)
+        return n_keep
 
     def _policy(self, n_max: int | str) -> DepthPolicy:
         if isinstance(n_max, DepthPolicy):
@@ -333,7 +381,6 @@ class Engine:
         capture = _Capture(self, drafter is not None)
         stats = Stats(n_prompt=len(prompt_tokens))
         rec = _Recorder(stats, policy, opts.trace)
-        self.reset()
         bonus = self._prefill(prompt_tokens, drafter, sampler, stats)
         history = list(prompt_tokens)
         n_past = len(prompt_tokens)  # the target's KV cache holds positions [0, n_past)
@@ -401,16 +448,24 @@ class Engine:
             n_past, emitted, bonus = keep, drafts[:n_acc] + [nxt], nxt
 
         rec.generation_ends(len(out))
+        if self.config.prompt_cache:
+            # the prompt cache: the target holds the prompt and the emitted tokens up to its last
+            # decoded position (an accepted draft after a stop is left out: recomputed if needed)
+            seq = prompt_tokens + out
+            self._cached = seq[:min(len(seq), self.ctx.pos_max() + 1)]
         self.last_stats, self.last_stop_reason = stats, stop_reason
         return stats, stop_reason
 
     def _prefill(self, prompt_tokens: list[int], drafter: Drafter | None, sampler: Sampler, stats: Stats) -> int:
-        """Decode the prompt in n_batch chunks, injecting each chunk's captured rows into the
-        drafter (only the last window of the prompt is visible to the first draft); returns the
-        first token."""
+        """Decode the prompt in n_batch chunks after the prefix the prompt cache holds, injecting
+        each chunk's captured rows into the drafter (only the last window of the prompt is
+        visible to the first draft); returns the first token."""
         t0 = time.perf_counter()
+        if self.drafter is not None:
+            self.drafter.drop_pending()  # rows queued by the last sequence's final plain steps
+        stats.n_cached = n_cached = self._reuse_prefix(prompt_tokens, drafter)
         n_batch = self.ctx.n_batch
-        for i0 in range(0, len(prompt_tokens), n_batch):
+        for i0 in range(n_cached, len(prompt_tokens), n_batch):
             chunk = prompt_tokens[i0:i0 + n_batch]
             self.ctx.decode(chunk, np.arange(i0, i0 + len(chunk)), logits="last")
             if drafter is not None:

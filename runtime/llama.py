@@ -524,6 +524,11 @@ class Context:
     def pos_max(self) -> int:
         return int(ll.llama_memory_seq_pos_max(ll.llama_get_memory(self.ptr), 0))
 
+    def pos_min(self) -> int:
+        """Lowest position the cache holds (-1: none). With sliding-window layers it is that
+        cache's: llama.cpp keeps every position in [pos_min, pos_max] present."""
+        return int(ll.llama_memory_seq_pos_min(ll.llama_get_memory(self.ptr), 0))
+
     def clear(self) -> None:
         ll.llama_memory_clear(ll.llama_get_memory(self.ptr), True)
 

@@ -14,11 +14,12 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
+from convert import gguf_keys
 from convert.errors import ContractError
 from convert.gguf_header import Header
 from convert.gguf_rules import checked_header, read_header_cached
 
-DRAFT_ARCH = "dflash-draft"
+DRAFT_ARCH = gguf_keys.ARCH
 
 
 def _tokens_digest(header: Header) -> tuple[int, str]:
@@ -54,7 +55,7 @@ class DrafterSpec:
     block_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
-    sliding_window: int
+    sliding_window: int  # 0: full attention (every context row stays visible)
     n_vocab: int
     tokens_sha256: str
     target_name: str | None
@@ -103,7 +104,8 @@ def read_drafter(path: str | Path) -> DrafterSpec:
         n_head=get(f"{p}.attention.head_count"), n_head_kv=get(f"{p}.attention.head_count_kv"),
         head_dim=get(f"{p}.attention.key_length"), block_size=get(f"{p}.dflash.block_size"),
         mask_token_id=get(f"{p}.dflash.mask_token_id"), target_layer_ids=tuple(get(f"{p}.dflash.target_layer_ids")),
-        sliding_window=get(f"{p}.attention.sliding_window"), n_vocab=n_vocab, tokens_sha256=digest,
+        # no window key: full attention (0), as ik_llama.cpp reads it
+        sliding_window=get(f"{p}.attention.sliding_window") or 0, n_vocab=n_vocab, tokens_sha256=digest,
         target_name=str(target_name) if target_name is not None else None,
     )
 

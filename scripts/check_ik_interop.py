@@ -30,6 +30,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,17 +70,15 @@ def legacy_norm_tensors(drafter: Path) -> list[str]:
     return [t.name for t in gguf.GGUFReader(str(drafter), "r").tensors if LEGACY_NORM.match(t.name)]
 
 
-def ik_named_copy(drafter: Path, out: Path) -> Path:
-    """``drafter`` with each ``blk.N.ffn_norm.weight`` renamed to ik's ``blk.N.post_attention_norm.weight``:
-    metadata and tensor bytes copied unchanged. Returns ``drafter`` itself when nothing needs renaming."""
+def renamed_copy(src: Path, out: Path, rename: Callable[[str], str]) -> Path:
+    """``src`` written to ``out`` with each tensor named ``rename(name)``; metadata and tensor
+    bytes copied unchanged."""
     import gguf
     import numpy as np
 
     from convert.target import field_kv
 
-    reader = gguf.GGUFReader(str(drafter), "r")
-    if not any(LEGACY_NORM.match(t.name) for t in reader.tensors):
-        return drafter
+    reader = gguf.GGUFReader(str(src), "r")
     arch = field_kv(reader, "general.architecture").value
     tmp = out.with_name(out.name + ".partial")
     writer = gguf.GGUFWriter(tmp, arch.decode() if isinstance(arch, bytes) else arch)
@@ -89,10 +88,8 @@ def ik_named_copy(drafter: Path, out: Path) -> Path:
         kv = field_kv(reader, key)
         writer.add_key_value(key, kv.value, kv.type, kv.sub_type)
     for t in reader.tensors:
-        m = LEGACY_NORM.match(t.name)
         shape = tuple(int(n) for n in reversed(t.shape))  # numpy order: GGUF's ne reversed
-        writer.add_tensor_info(IK_NORM.format(m.group(1)) if m else t.name, shape, np.dtype(np.float32),
-                               int(t.n_bytes), raw_dtype=t.tensor_type)
+        writer.add_tensor_info(rename(t.name), shape, np.dtype(np.float32), int(t.n_bytes), raw_dtype=t.tensor_type)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
@@ -101,6 +98,20 @@ def ik_named_copy(drafter: Path, out: Path) -> Path:
     writer.close()
     tmp.replace(out)
     return out
+
+
+def ik_name(name: str) -> str:
+    m = LEGACY_NORM.match(name)
+    return IK_NORM.format(m.group(1)) if m else name
+
+
+def ik_named_copy(drafter: Path, out: Path) -> Path:
+    """``drafter`` with each ``blk.N.ffn_norm.weight`` renamed to ik's ``blk.N.post_attention_norm.weight``
+    (a file converted before the converter wrote ik's name). Returns ``drafter`` itself when
+    nothing needs renaming."""
+    if not legacy_norm_tensors(drafter):
+        return drafter
+    return renamed_copy(drafter, out, ik_name)
 
 
 # --------------------------------------------------------------------------- running ik
@@ -290,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from runtime import assets
 
-    console = Console()
+    console = Console(width=max(Console().width, 150))
     bin_dir = ik_bin_dir()
     if bin_dir is None:
         print("no ik_llama.cpp build found (scripts/build_peer.sh builds one; IK_LLAMA_BIN names "

@@ -97,7 +97,8 @@ def test_bad_rms_epsilon_is_refused_by_inspect_and_at_load(sources, tmp_path, ro
     ("drafter", "rope.freq_base", T.FLOAT32, 0.0, "expected a finite number > 0"),
     ("target", "rope.dimension_count", T.UINT32, 64, "expected at most the head size (attention.key_length = 32)"),
     ("target", "rope.dimension_count_swa", T.UINT32, 15, "expected an even integer in 2..2^31-1"),
-    ("drafter", "rope.dimension_count", T.UINT32, 16, "expected 32 (attention.key_length), found 16"),
+    ("drafter", "rope.dimension_count", T.UINT32, 64, "expected at most the head size (attention.key_length = 32)"),
+    ("drafter", "rope.dimension_count", T.UINT32, 15, "expected an even integer in 2..2^31-1"),
     ("target", "attention.key_length", T.UINT32, 0, "expected an integer in 1..2^31-1 (UINT32), found 0"),
     # experts and the MoE router
     ("target", "expert_used_count", T.UINT32, 9, "expected 1..8 (expert_count) in every layer, found 9"),

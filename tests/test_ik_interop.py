@@ -17,7 +17,8 @@ import gguf
 import numpy as np
 import pytest
 
-from check_ik_interop import IkFailed, compare, ik_bin_dir, ik_named_copy, legacy_norm_tensors, run_ik, run_ours
+from check_ik_interop import (IkFailed, compare, ik_bin_dir, ik_named_copy, legacy_norm_tensors, renamed_copy, run_ik,
+                              run_ours)
 from runtime import assets
 
 N_MAX, N_PREDICT, THREADS = 4, 64, 2
@@ -57,12 +58,19 @@ def assert_runs_like_ours(ours, theirs):
     assert abs(t - o) <= ACCEPTANCE_TOLERANCE * o, f"accepted drafts: ik {t}, laguna-run {o}"
 
 
-def test_ik_named_copy_renames_only_the_pre_ffn_norms(drafter, tmp_path):
-    legacy = legacy_norm_tensors(drafter)
-    if not legacy:
-        pytest.skip("the converter writes ik's post_attention_norm names already: nothing to rename")
-    copy = ik_named_copy(drafter, tmp_path / "ik-names.gguf")
-    src, dst = gguf.GGUFReader(str(drafter), "r"), gguf.GGUFReader(str(copy), "r")
+def test_ik_named_copy_restores_ik_names_of_an_old_file(drafter, tmp_path):
+    """A file converted before the converter wrote ik's names (blk.N.ffn_norm) gets them back,
+    every other byte of the file as the converter writes it now."""
+    import re
+
+    new = legacy_norm_tensors(drafter) == []
+    old = renamed_copy(drafter, tmp_path / "old.gguf",
+                       lambda n: re.sub(r"^(blk\.\d+)\.post_attention_norm\.", r"\1.ffn_norm.", n)) if new else drafter
+    legacy = legacy_norm_tensors(old)
+    assert legacy, "the old layout has blk.N.ffn_norm tensors"
+    copy = ik_named_copy(old, tmp_path / "ik-names.gguf")
+    assert legacy_norm_tensors(copy) == []
+    src, dst = gguf.GGUFReader(str(old), "r"), gguf.GGUFReader(str(copy), "r")
     renamed = {a.name: b.name for a, b in zip(src.tensors, dst.tensors, strict=True) if a.name != b.name}
     assert renamed == {n: n.replace(".ffn_norm.", ".post_attention_norm.") for n in legacy}
     for a, b in zip(src.tensors, dst.tensors):
@@ -71,6 +79,8 @@ def test_ik_named_copy_renames_only_the_pre_ffn_norms(drafter, tmp_path):
         if not key.startswith("GGUF."):
             g = dst.fields[key]
             assert f.types == g.types and all(np.array_equal(f.parts[i], g.parts[j]) for i, j in zip(f.data, g.data))
+    if new:  # the round trip gives the converter's file back, byte for byte
+        assert copy.read_bytes() == drafter.read_bytes()
     assert ik_named_copy(copy, tmp_path / "again.gguf") == copy  # nothing left to rename
 
 
