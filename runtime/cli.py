@@ -38,7 +38,8 @@ DraftOpt = Annotated[Optional[Path], typer.Option(
     "-md", "--model-draft", help="Drafter GGUF written by [bold]laguna-gguf convert[/bold]. Without it: plain decoding.")]
 CtxOpt = Annotated[int, typer.Option("-c", "--ctx-size", help="Context size (tokens) of both contexts.")]
 BatchOpt = Annotated[int, typer.Option("-b", "--batch-size", help="Prompt chunk size (n_batch).")]
-UbatchOpt = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Microbatch size (n_ubatch).")]
+UbatchOpt = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Microbatch size (n_ubatch); 0: the largest that "
+                                        "keeps the target's sliding-window KV cache smallest.")]
 ThreadsOpt = Annotated[int, typer.Option("-t", "--threads", help="CPU threads (0: all cores).")]
 NglOpt = Annotated[Optional[int], typer.Option("-ngl", "--n-gpu-layers", help="Target layers on the GPU (default: all on cuda, 0 on cpu).")]
 NgldOpt = Annotated[Optional[int], typer.Option("-ngld", "--n-gpu-layers-draft", help="Drafter layers on the GPU.")]
@@ -91,7 +92,7 @@ def sampling_params(**values) -> SamplingParams:
 def check_sizes(ctx: int, batch: int, ubatch: int, threads: int) -> None:
     check_range("-c/--ctx-size", ctx, 1)
     check_range("-b/--batch-size", batch, 1)
-    check_range("-ub/--ubatch-size", ubatch, 1)
+    check_range("-ub/--ubatch-size", ubatch, 0, note=" (0: fit the sliding window)")
     check_range("-t/--threads", threads, 0, MAX_THREADS, " (0: all cores)")
 
 
@@ -153,7 +154,7 @@ def engine_config(ctx: int, batch: int, ubatch: int, threads: int, ngl, ngld, de
     from .placement import resolve
 
     placement = resolve(device, draft_device, ngl, ngld, force)
-    cfg = EngineConfig(n_ctx=ctx, n_batch=batch, n_ubatch=min(ubatch, batch), n_threads=threads,
+    cfg = EngineConfig(n_ctx=ctx, n_batch=batch, n_ubatch=min(ubatch, batch) or None, n_threads=threads,
                        n_gpu_layers=placement.n_gpu_layers, n_gpu_layers_draft=placement.n_gpu_layers_draft,
                        kv_type=kv_type, verbose=verbose, prompt_cache=prompt_cache)
     return cfg, placement
@@ -249,7 +250,7 @@ def run(
     chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the GGUF's chat template.")] = False,
     ctx_size: CtxOpt = 4096,
     batch_size: BatchOpt = 512,
-    ubatch_size: UbatchOpt = 512,
+    ubatch_size: UbatchOpt = 0,
     threads: ThreadsOpt = 0,
     n_gpu_layers: NglOpt = None,
     n_gpu_layers_draft: NgldOpt = None,
@@ -344,7 +345,7 @@ def bench(
     repeats: Annotated[int, typer.Option("--repeats", help="Interleaved repetitions of the whole set (noise control).")] = 1,
     ctx_size: CtxOpt = 4096,
     batch_size: BatchOpt = 512,
-    ubatch_size: UbatchOpt = 512,
+    ubatch_size: UbatchOpt = 0,
     threads: ThreadsOpt = 0,
     n_gpu_layers: NglOpt = None,
     n_gpu_layers_draft: NgldOpt = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import bindings
-from .llama import Context, ContextParams, LlamaError, Model
+from .llama import Context, ContextParams, LlamaError, Model, microbatch_for_window
 from .pair import DrafterSpec, check_pair, fuse_features, read_drafter, read_target
 
 
@@ -32,14 +32,21 @@ class Drafter:
         if not bindings.lib().laguna_ext_model_is_dflash_laguna(self.model.ptr):
             raise LlamaError(f"{self.spec.path}: loaded, but not as a Laguna DFlash drafter")
         # the block (<= block_size rows) must decode as one ubatch, so the SWA cache only
-        # evicts cells no later query can see (see runtime docs on rollback)
+        # evicts cells no later query can see (see runtime docs on rollback); within that, the
+        # microbatch that keeps the window's cache smallest (a draft attends to all of it)
         n_batch = max(n_batch, self.spec.block_size)
-        params = ContextParams(n_ctx=target_ctx.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+        n_ubatch = microbatch_for_window(self.spec.sliding_window, n_batch, floor=max(64, self.spec.block_size))
+        params = ContextParams(n_ctx=target_ctx.n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                kv_type=kv_type, n_threads=n_threads or target_ctx.params.n_threads)
         self.ctx = Context(self.model, params, other=target_ctx)
         self.ctx.set_causal(True)
+        self._block = [self.spec.mask_token_id] * self.spec.block_size
         self.n_context = 0  # positions [0, n_context) are in the drafter's cache
         self._cache_empty = True
+        self._width = len(self.spec.capture_slots) * target_ctx.model.n_embd
+        # rows of plain steps captured but not yet injected (see queue_row)
+        self._pending = np.empty((0, self._width), dtype=np.float32)
+        self.n_pending = 0
 
     # -- capture on the target side
 
@@ -67,6 +74,51 @@ class Drafter:
         return fuse_features(parts)
 
     # -- context
+
+    def inject_captured(self, n: int, start_pos: int) -> None:
+        """Append the first n rows of the target's last decode as context rows for positions
+        start_pos.., gathered from the target's capture buffers straight into the drafter's
+        batch (a round's rollback: the bonus and the accepted drafts)."""
+        if start_pos != self.n_context:
+            raise LlamaError(f"context injection at position {start_pos}, expected {self.n_context}")
+        if n > self.ctx.n_batch:
+            self.inject(self.captured_features(slice(0, n)), start_pos)
+            return
+        h = self.target_ctx.model.n_embd
+        rows = self.ctx.embd_rows(self._width, n)
+        for i, s in enumerate(self.capture_slots):
+            rows[:, i * h:(i + 1) * h] = self.target_ctx.capture_view(s, n)
+        self.ctx.decode_embd_rows(self._width, n, start_pos)
+        self._cache_empty = False
+        self.n_context += n
+
+    def queue_row(self) -> None:
+        """Keep the row the target captured in its last (one-row) decode for the next
+        ``flush_pending``: plain steps inject lazily, a drafting round reads them all at once."""
+        if self.n_pending == len(self._pending):
+            grown = np.empty((max(16, 2 * len(self._pending)), self._width), dtype=np.float32)
+            grown[:self.n_pending] = self._pending[:self.n_pending]
+            self._pending = grown
+        h = self.target_ctx.model.n_embd
+        row = self._pending[self.n_pending]
+        for i, s in enumerate(self.capture_slots):
+            row[i * h:(i + 1) * h] = self.target_ctx.capture_view(s, 1)[0]
+        self.n_pending += 1
+
+    def flush_pending(self, next_query: int) -> None:
+        """Inject the queued rows (those a query at next_query can see)."""
+        if self.n_pending:
+            self.inject_visible(self._pending[:self.n_pending], self.n_context, next_query)
+            self.n_pending = 0
+
+    def drop_pending(self) -> None:
+        """Forget the queued rows without accounting for them (a new sequence starts)."""
+        self.n_pending = 0
+
+    def skip_pending(self, extra: int) -> None:
+        """Drop the queued rows and ``extra`` more unread ones: no future query will see them."""
+        self.skip_context(self.n_pending + extra)
+        self.n_pending = 0
 
     def inject(self, features: np.ndarray, start_pos: int) -> None:
         """Append context rows for target positions start_pos .. start_pos + T - 1."""
@@ -109,6 +161,7 @@ class Drafter:
         """Forget every context row (a new sequence starts at position 0)."""
         self.ctx.clear()
         self.n_context = 0
+        self.n_pending = 0
         self._cache_empty = True
 
     def trim(self, n_keep: int, next_query: int) -> int:
@@ -166,7 +219,16 @@ class Drafter:
         return self.block_logits([bonus] + [self.spec.mask_token_id] * n_draft, first_row=1)
 
     def draft(self, bonus: int, n_draft: int) -> list[int]:
-        return [int(t) for t in self.draft_logits(bonus, n_draft).argmax(axis=1)]
+        """The drafter's greedy proposals for the block [bonus, MASK * n_draft]."""
+        if not 1 <= n_draft <= self.spec.max_draft:
+            raise LlamaError(f"n_draft {n_draft} outside 1..{self.spec.max_draft}")
+        pos0 = self.n_context
+        self._block[0] = bonus
+        self.ctx.decode_block(self._block[:n_draft + 1], pos0, first_output=1)
+        try:
+            return self.ctx.logits_block(n_draft, first=1).argmax(axis=1).tolist()
+        finally:
+            self.ctx.seq_rm(pos0, -1)
 
     def close(self) -> None:
         self.ctx.close()

@@ -26,7 +26,7 @@ import numpy as np
 from convert.gguf_rules import read_header_cached
 
 from .drafter import Drafter
-from .llama import ClosedError, Context, ContextParams, LlamaError, Model
+from .llama import ClosedError, Context, ContextParams, LlamaError, Model, microbatch_for_window
 from .pair import DRAFT_ARCH, check_pair, read_drafter, read_target
 from .sampling import Sampler, SamplingParams
 from .tuner import DepthPolicy, FixedDepth, capture_horizon
@@ -36,7 +36,7 @@ from .tuner import DepthPolicy, FixedDepth, capture_horizon
 class EngineConfig:
     n_ctx: int = 4096
     n_batch: int = 512
-    n_ubatch: int = 512
+    n_ubatch: int | None = None  # None: the largest that keeps the sliding-window cache smallest
     n_threads: int = 0
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
@@ -196,11 +196,13 @@ class Engine:
             draft_spec = read_drafter(drafter_path)
             check_pair(draft_spec, self.target_spec)
         deepest = max_depth if max_depth is not None else (draft_spec.max_draft if draft_spec else 0)
+        n_ubatch = cfg.n_ubatch or microbatch_for_window(self.target_spec.sliding_window, cfg.n_batch,
+                                                         floor=max(64, deepest + 1))
         # A verify pass must be one ubatch, or the sliding-window cache may evict cells that a
         # rollback makes visible again; keep the whole window when it could be split.
-        swa_full = draft_spec is not None and cfg.n_ubatch < deepest + 1
+        swa_full = draft_spec is not None and n_ubatch < deepest + 1
         self.ctx = Context(target, ContextParams(
-            n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch, kv_type=cfg.kv_type,
+            n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
             n_threads=cfg.n_threads, swa_full=swa_full))
         self._auto = None
         self._cached: list[int] = []  # the tokens whose rows the caches hold (the prompt cache)
@@ -376,34 +378,20 @@ class Engine:
         sampler = Sampler(opts.sampling)
         # a fixed depth of 0 is plain decoding: no capture, no drafter bookkeeping
         drafter = None if isinstance(policy, FixedDepth) and policy.depth == 0 else self.drafter
-        self._set_capture(drafter is not None)
+        capture = _Capture(self, drafter is not None)
         stats = Stats(n_prompt=len(prompt_tokens))
-        t0 = time.perf_counter()
-        stats.n_cached = n_cached = self._reuse_prefix(prompt_tokens, drafter)
-
-        # ---- prefill, injecting each chunk's captured rows into the drafter
-        n_batch = self.ctx.n_batch
-        for i0 in range(n_cached, len(prompt_tokens), n_batch):
-            chunk = prompt_tokens[i0:i0 + n_batch]
-            self.ctx.decode(chunk, np.arange(i0, i0 + len(chunk)), logits="last")
-            if drafter is not None:
-                # only the last window of the prompt is visible to the first draft
-                drafter.inject_visible(drafter.captured_features(), i0, len(prompt_tokens))
+        rec = _Recorder(stats, policy, opts.trace)
+        bonus = self._prefill(prompt_tokens, drafter, sampler, stats)
         history = list(prompt_tokens)
-        bonus = sampler.sample(self.ctx.logits_view(len(chunk) - 1), history)
-        stats.t_prefill = time.perf_counter() - t0
-
-        t_start = time.perf_counter()
-        n_past = len(prompt_tokens)  # target KV holds positions [0, n_past)
-        pending: list[np.ndarray] = []  # captured rows not yet in the drafter (plain steps)
-        capturing = drafter is not None
+        n_past = len(prompt_tokens)  # the target's KV cache holds positions [0, n_past)
         emitted = [bonus]
         stop_reason = "length"
+
+        rec.generation_begins()
         while True:
-            # the tuner is told the time from here to its observe() call: emitting and checking
-            # the last round's tokens is part of what every round costs
-            t_round0 = time.perf_counter()
-            # ---- emit what the last round produced, up to the first stop condition
+            # ---- emit what the last round produced, up to the first stop condition (a round's
+            # cost, as the tuner sees it, starts here)
+            rec.round_begins()
             n_keep, reason = self._stop_check(out, emitted, opts)
             if reason is None and opts.should_stop is not None and opts.should_stop():
                 reason = "interrupted"
@@ -415,103 +403,76 @@ class Engine:
             if reason is not None:
                 stop_reason = reason
                 break
+            rec.mark("host")
+            depth = min(policy.choose(), opts.n_predict - len(out) - 1, self.ctx.n_ctx - n_past - 2)
+            rec.mark("policy")
 
-            t0 = tp = time.perf_counter()
-            remaining = opts.n_predict - len(out)
-            depth = min(policy.choose(), remaining - 1, self.ctx.n_ctx - n_past - 2)
-            stats.t_policy += time.perf_counter() - tp
-            if drafter is None:
-                depth = 0
-            if depth <= 0:
-                # ---- plain step
-                # while the tuner promises more plain steps than the drafter reads back before
-                # its next draft, the target need not capture this row (each captured row is
-                # copied out of the graph, off the device on a GPU, and queued for the drafter)
+            if drafter is None or depth <= 0:
+                # ---- plain step. While the tuner promises more plain steps than the drafter
+                # reads back before its next draft, the target need not capture the row (each
+                # captured row is copied out of the graph, off the device on a GPU)
                 need_row = drafter is not None and policy.plain_rounds_ahead() < self.capture_horizon
-                if need_row != capturing:
-                    self._set_capture(need_row)
-                    capturing = need_row
-                t1 = time.perf_counter()
-                self.ctx.decode([bonus], [n_past], logits="last")
-                t2 = time.perf_counter()
-                if drafter is not None:
-                    if need_row:
-                        pending.append(drafter.captured_features())
-                    else:
-                        drafter.skip_context(sum(len(p) for p in pending) + 1)
-                        pending.clear()
+                capture.set(need_row)
+                rec.mark("host")
+                self.ctx.step(bonus, n_past)
+                rec.mark("verify")
+                if need_row:
+                    drafter.queue_row()
+                elif drafter is not None:
+                    drafter.skip_pending(1)
                 nxt = sampler.sample(self.ctx.logits_view(0), history[-sampler.history_len:] if sampler.history_len else ())
-                stats.t_verify += t2 - t1
-                tp = time.perf_counter()
-                policy.observe(0, 0, tp - t_round0)
-                stats.t_policy += time.perf_counter() - tp
-                stats.record_round(0, 0)
-                if opts.trace:
-                    opts.trace({"round": stats.rounds, "pos": n_past, "depth": 0, "bonus": int(bonus),
-                                "drafted": [], "accepted": 0, "next": int(nxt), "n_past": n_past + 1,
-                                **policy.decision()})
-                n_past += 1
-                emitted = [nxt]
-                bonus = nxt
+                rec.round_ends(0, 0, bonus, [], nxt, n_past, n_past + 1)
+                n_past, emitted, bonus = n_past + 1, [nxt], nxt
                 continue
 
-            # ---- draft
-            if not capturing:
-                self._set_capture(True)
-                capturing = True
-            t1 = time.perf_counter()
-            t_catchup = 0.0
-            if pending:
-                drafter.inject_visible(np.concatenate(pending), drafter.n_context, n_past)
-                pending.clear()
-                t_catchup = time.perf_counter() - t1
+            # ---- draft, after reading the rows of the plain steps before (the catch-up)
+            capture.set(True)
+            rec.mark("host")
+            if drafter.n_pending:
+                drafter.flush_pending(n_past)
+                rec.mark("catchup")
             drafts = drafter.draft(bonus, depth)
-            t2 = time.perf_counter()
-            # ---- verify
-            block = [bonus] + drafts
-            self.ctx.decode(block, np.arange(n_past, n_past + len(block)), logits="all")
-            t3 = time.perf_counter()
-            # ---- accept: the target's own choice at each row, until it disagrees
-            recent = history[-sampler.history_len:] if sampler.history_len else history[:0]
-            n_acc = 0
-            nxt = -1
-            for i in range(len(block)):
-                tok = sampler.sample(self.ctx.logits_view(i), recent + drafts[:i] if sampler.history_len else ())
-                if i < depth and tok == drafts[i]:
-                    n_acc += 1
-                    continue
-                nxt = tok
-                break
-            t4 = time.perf_counter()
-            # ---- roll back: keep bonus + accepted drafts in the target, feed their rows to the drafter
+            rec.mark("draft")
+            # ---- verify: one target pass over [bonus, drafts]; accept while the target's own
+            # choice at each row equals the draft
+            self.ctx.decode_block([bonus] + drafts, n_past)
+            rec.mark("verify")
+            n_acc, nxt = sampler.accept(self.ctx.logits_block(depth + 1), drafts, history)
+            rec.mark("host")
+            # ---- roll back: the target keeps bonus + accepted drafts, the drafter reads their rows
             keep = n_past + 1 + n_acc
             self.ctx.seq_rm(keep, -1)
-            drafter.inject(drafter.captured_features(slice(0, 1 + n_acc)), n_past)
-            t5 = time.perf_counter()
-            stats.t_draft += (t2 - t1) + (t5 - t4)
-            stats.t_verify += t3 - t2
-            tp = time.perf_counter()
-            policy.observe(depth, n_acc, tp - t_round0 - t_catchup, t_catchup)
-            stats.t_policy += time.perf_counter() - tp
-            stats.record_round(depth, n_acc)
-            if opts.trace:
-                opts.trace({"round": stats.rounds, "pos": n_past, "depth": depth, "bonus": int(bonus),
-                            "drafted": [int(d) for d in drafts], "accepted": n_acc, "next": int(nxt),
-                            "n_past": keep, **policy.decision()})
-            n_past = keep
-            emitted = drafts[:n_acc] + [nxt]
-            bonus = nxt
+            drafter.inject_captured(1 + n_acc, n_past)
+            rec.mark("draft")
+            rec.round_ends(depth, n_acc, bonus, drafts, nxt, n_past, keep)
+            n_past, emitted, bonus = keep, drafts[:n_acc] + [nxt], nxt
 
-        stats.t_total = time.perf_counter() - t_start
-        stats.n_generated = len(out)
+        rec.generation_ends(len(out))
         if self.config.prompt_cache:
             # the prompt cache: the target holds the prompt and the emitted tokens up to its last
             # decoded position (an accepted draft after a stop is left out: recomputed if needed)
             seq = prompt_tokens + out
             self._cached = seq[:min(len(seq), self.ctx.pos_max() + 1)]
-        stats.policy = policy.describe()
         self.last_stats, self.last_stop_reason = stats, stop_reason
         return stats, stop_reason
+
+    def _prefill(self, prompt_tokens: list[int], drafter: Drafter | None, sampler: Sampler, stats: Stats) -> int:
+        """Decode the prompt in n_batch chunks after the prefix the prompt cache holds, injecting
+        each chunk's captured rows into the drafter (only the last window of the prompt is
+        visible to the first draft); returns the first token."""
+        t0 = time.perf_counter()
+        if self.drafter is not None:
+            self.drafter.drop_pending()  # rows queued by the last sequence's final plain steps
+        stats.n_cached = n_cached = self._reuse_prefix(prompt_tokens, drafter)
+        n_batch = self.ctx.n_batch
+        for i0 in range(n_cached, len(prompt_tokens), n_batch):
+            chunk = prompt_tokens[i0:i0 + n_batch]
+            self.ctx.decode(chunk, np.arange(i0, i0 + len(chunk)), logits="last")
+            if drafter is not None:
+                drafter.inject_visible(drafter.captured_features(), i0, len(prompt_tokens))
+        bonus = sampler.sample(self.ctx.logits_view(len(chunk) - 1), prompt_tokens)
+        stats.t_prefill = time.perf_counter() - t0
+        return bonus
 
     def _stop_check(self, out: list[int], emitted: list[int], opts: GenerateOptions) -> tuple[int, str | None]:
         """How many of this round's tokens to keep, and why generation stops (None: it goes on).
@@ -550,6 +511,71 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Capture:
+    """Whether the target captures the drafter's layers; switched only when it changes (a switch
+    costs the next decode a graph rebuild)."""
+
+    def __init__(self, engine: Engine, on: bool) -> None:
+        self.engine, self.on = engine, on
+        engine._set_capture(on)
+
+    def set(self, on: bool) -> None:
+        if on != self.on:
+            self.engine._set_capture(on)
+            self.on = on
+
+
+class _Recorder:
+    """The timing and tracing around the round loop. The loop marks where each phase ends;
+    the time since the previous mark goes to that phase's total in Stats ("host" to none:
+    Stats.t_host is what the others leave). At a round's end the depth policy is told the
+    round's wall time (from round_begins, catch-up apart) and the trace gets one record."""
+
+    _FIELDS = {"draft": "t_draft", "catchup": "t_draft", "verify": "t_verify", "policy": "t_policy"}
+
+    def __init__(self, stats: Stats, policy: DepthPolicy, trace: Callable[[dict], None] | None) -> None:
+        self.stats, self.policy, self.trace = stats, policy, trace
+        self.totals = dict.fromkeys(("draft", "catchup", "verify", "policy", "host"), 0.0)
+        self.clock = time.perf_counter
+
+    def generation_begins(self) -> None:
+        self.t_start = self.clock()
+
+    def round_begins(self) -> None:
+        self.t_round = self.last = self.clock()
+        self.t_catchup = self.totals["catchup"]
+
+    def mark(self, phase: str) -> None:
+        now = self.clock()
+        self.totals[phase] += now - self.last
+        self.last = now
+
+    def round_ends(self, depth: int, n_acc: int, bonus: int, drafts: list[int], nxt: int, pos: int,
+                   n_past: int) -> None:
+        now = self.clock()
+        self.totals["host"] += now - self.last
+        if depth:
+            catchup = self.totals["catchup"] - self.t_catchup
+            self.policy.observe(depth, n_acc, now - self.t_round - catchup, catchup)
+        else:
+            self.policy.observe(0, 0, now - self.t_round)
+        self.last = self.clock()
+        self.totals["policy"] += self.last - now
+        self.stats.record_round(depth, n_acc)
+        if self.trace:
+            self.trace({"round": self.stats.rounds, "pos": pos, "depth": depth, "bonus": int(bonus),
+                        "drafted": [int(d) for d in drafts], "accepted": n_acc, "next": int(nxt),
+                        "n_past": n_past, **self.policy.decision()})
+
+    def generation_ends(self, n_generated: int) -> None:
+        s = self.stats
+        s.t_total = self.clock() - self.t_start
+        for phase, field_name in self._FIELDS.items():
+            setattr(s, field_name, getattr(s, field_name) + self.totals[phase])
+        s.n_generated = n_generated
+        s.policy = self.policy.describe()
 
 
 def _split_utf8(data: bytes) -> tuple[str, bytes]:

@@ -83,7 +83,7 @@ def test_the_installed_entry_point_prints_no_traceback():
     (["-n", "-1"], "-n/--n-predict: expected an integer >= 0"),
     (["-c", "0"], "-c/--ctx-size: expected an integer >= 1"),
     (["-b", "0"], "-b/--batch-size: expected an integer >= 1"),
-    (["-ub", "0"], "-ub/--ubatch-size: expected an integer >= 1"),
+    (["-ub", "-1"], "-ub/--ubatch-size: expected an integer >= 0"),
     (["-t", "-1"], "-t/--threads: expected 0..512"),
     (["-t", "100000"], "-t/--threads: expected 0..512"),
     (["--stop", ""], "--stop: expected a non-empty string"),

@@ -80,7 +80,7 @@ def serve(
     no_prompt_cache: Annotated[bool, typer.Option("--no-prompt-cache", help="Prefill every prompt from scratch (no reuse of the last sequence's caches).")] = False,
     ctx_size: CtxOpt = 4096,
     batch_size: BatchOpt = 512,
-    ubatch_size: UbatchOpt = 512,
+    ubatch_size: UbatchOpt = 0,
     threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads per slot (0: the cores divided among the slots).")] = 0,
     n_gpu_layers: NglOpt = None,
     n_gpu_layers_draft: NgldOpt = None,
