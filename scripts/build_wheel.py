@@ -71,7 +71,9 @@ def series() -> list[Path]:
 
 
 def build_flags(cuda: bool, cuda_arch: str) -> list[str]:
-    flags = ["-DLLAVA_BUILD=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
+    # GGML_RPC: llama.cpp's RPC backend (client) and, through patch 0020, its rpc-server, in the
+    # CPU and the CUDA wheel alike; the flag is part of the cache key like every other flag
+    flags = ["-DLLAVA_BUILD=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_RPC=ON"]
     if cuda:
         flags += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}", *cublas_flags(), *driver_flags()]
     return flags
@@ -115,6 +117,21 @@ def check_driver_link(wheel: Path) -> None:
         dyn = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
     if "[libcuda.so.1]" not in dyn:
         raise BuildError(f"{wheel.name}: {name} does not need libcuda.so.1 (the driver stub exported nothing?)")
+
+
+RPC_SERVER = "llama_cpp/lib/ggml-rpc-server"
+
+
+def check_rpc_server(wheel: Path) -> None:
+    """The wheel must carry the RPC client library and the rpc-server built with it (patch 0020)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    missing = [n for n in (RPC_SERVER, "llama_cpp/lib/libggml-rpc.so") if n not in names]
+    if missing:
+        raise BuildError(f"{wheel.name}: lacks {', '.join(missing)} (built without -DGGML_RPC=ON, or patch 0020 "
+                         "did not install the server)")
 
 
 def cublas_flags() -> list[str]:
@@ -226,6 +243,7 @@ def build(tree: Path, flags: list[str], out: Path, cuda: bool) -> Path:
         tail = "\n".join((r.stdout + r.stderr).splitlines()[-40:])
         raise BuildError(f"wheel build failed (full log: {tmp / 'build.log'}):\n{tail}")
     log(f"built in {time.time() - t0:.0f} s")
+    check_rpc_server(next(tmp.glob("*.whl")))
     if cuda:
         check_driver_link(next(tmp.glob("*.whl")))
     if out.exists():

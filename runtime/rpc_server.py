@@ -1,0 +1,123 @@
+"""laguna-rpc-server: llama.cpp's rpc-server, as built into this install's wheel (patch 0020).
+
+    laguna-rpc-server                                    # 127.0.0.1:50052, this machine only
+    laguna-rpc-server --host 10.0.0.2 --port 50052 --expose --threads 16 --mem 60000
+
+Run one on every machine that holds part of a target, then point ``laguna-run --rpc
+HOST:PORT,...`` at them. The server is the same build as the wheel's RPC client, so their
+protocol versions match. It binds to 127.0.0.1 unless told otherwise: the RPC protocol has no
+authentication and no encryption, and anyone who reaches the port can run code-like graphs on
+the host and read its buffers; binding another address needs ``--expose``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from convert.errors import USER_ERROR_EXIT, UserError
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+WARNING = ("laguna-rpc-server: WARNING: the RPC protocol has no authentication or encryption; anyone who can "
+           "reach {addr} can use this machine's memory and compute. Expose it only on a trusted network.")
+
+
+def server_binary() -> Path:
+    import llama_cpp
+
+    path = Path(llama_cpp.__file__).parent / "lib" / "ggml-rpc-server"
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise UserError(f"{path}: no rpc-server in this llama-cpp-python (a wheel built without -DGGML_RPC=ON); "
+                        "rebuild it with scripts/build_wheel.py")
+    return path
+
+
+def check_host(host: str, expose: bool) -> str:
+    """The IPv4 address to bind (rpc-server takes a literal), refused beyond loopback without --expose."""
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        addr = ipaddress.IPv4Address(host)
+    except ValueError:
+        raise UserError(f"--host: expected an IPv4 address of this machine (e.g. 127.0.0.1), found {host!r}") from None
+    if not addr.is_loopback and not expose:
+        raise UserError(f"--host {host}: binding beyond this machine needs --expose (the RPC protocol has no "
+                        "authentication or encryption)")
+    return host
+
+
+def check_port_free(host: str, port: int) -> None:
+    """rpc-server reports a taken port with a line and exit code 0; refuse it here instead."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+
+
+@app.command()
+def main_command(
+    host: Annotated[str, typer.Option("--host", "-H", help="IPv4 address to bind (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", "-p", help="TCP port.")] = 50052,
+    threads: Annotated[int, typer.Option("--threads", "-t", help="CPU threads of the CPU device (0: half the cores, rpc-server's default).")] = 0,
+    mem: Annotated[int, typer.Option("--mem", "-m", help="Memory to offer, in MiB (0: what the device reports). Clients split layers by it; buffers beyond it are refused.")] = 0,
+    device: Annotated[str, typer.Option("--device", "-d", help="Comma-separated ggml devices to serve (default: the GPUs, else the CPU).")] = "",
+    cache: Annotated[bool, typer.Option("--cache", "-c", help="Keep received tensors in a local file cache (~/.cache/llama.cpp/rpc): a model loaded again is not sent again.")] = False,
+    expose: Annotated[bool, typer.Option("--expose", help="Allow a --host other than loopback (no authentication, no encryption).")] = False,
+) -> None:
+    """Serve this machine's memory and compute to laguna-run --rpc (llama.cpp's RPC protocol)."""
+    if not 1 <= port <= 65535:
+        raise UserError(f"--port: expected 1..65535, found {port}")
+    if not 0 <= threads <= 512:
+        raise UserError(f"--threads: expected 0..512 (0: rpc-server's default), found {threads}")
+    if mem < 0:
+        raise UserError(f"--mem: expected MiB >= 1 (0: what the device reports), found {mem}")
+    host = check_host(host, expose)
+    binary = server_binary()
+    check_port_free(host, port)
+    args = [str(binary), "--host", host, "--port", str(port)]
+    if threads:
+        args += ["--threads", str(threads)]
+    if mem:
+        args += ["--mem", str(mem)]
+    if device:
+        args += ["--device", device]
+    if cache:
+        args.append("--cache")
+    if not ipaddress.IPv4Address(host).is_loopback:
+        print(WARNING.format(addr=f"{host}:{port}"), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.execv(str(binary), args)  # the server becomes this process: signals reach it directly
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        app(args=args, prog_name="laguna-rpc-server", standalone_mode=False)
+        code = 0
+    except UserError as e:
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
+        code = USER_ERROR_EXIT
+    except typer.Exit as e:
+        code = e.exit_code
+    except Exception as e:  # click's usage errors
+        if hasattr(e, "format_message"):
+            print("error: " + " ".join(e.format_message().split()), file=sys.stderr)
+            code = USER_ERROR_EXIT
+        else:
+            raise
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    main()
