@@ -48,6 +48,10 @@ DraftDeviceOpt = Annotated[Optional[str], typer.Option("--draft-device", help="D
 ForceOpt = Annotated[bool, typer.Option("--force-placement", help="Allow a CPU drafter next to a GPU target (it loses at every measured depth).")]
 CacheOpt = Annotated[str, typer.Option("--cache-type", help="KV cache type of both contexts: f16, or f32 for bit-exact greedy comparisons with plain decoding.")]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")]
+RpcOpt = Annotated[Optional[str], typer.Option("--rpc", help="Comma-separated rpc-servers HOST:PORT (laguna-rpc-server on each): the target's layers go there, the drafter stays here.")]
+TensorSplitOpt = Annotated[Optional[str], typer.Option("--tensor-split", "-ts", help="Proportions of the offloaded layers per device, in --rpc order (then this machine's GPU), e.g. 3,1. Default: by free memory.")]
+DraftRpcOpt = Annotated[bool, typer.Option("--draft-rpc", help="Put the drafter's layers on the --rpc servers too.")]
+RpcTimeoutOpt = Annotated[float, typer.Option("--rpc-timeout", help="Seconds an RPC server may stay silent before it counts as lost (0: forever).")]
 
 
 #: flag of each SamplingParams field, for error messages
@@ -61,6 +65,10 @@ MAX_SIZE = (1 << 31) - 1
 
 class Interrupted(Exception):
     """Ctrl-C ended the work; what was done has been reported. Exit code 130."""
+
+
+class RpcFailed(Exception):
+    """An RPC server was lost during the work: one line, exit code 1 (not the user's mistake)."""
 
 
 def parse_depth(value: str) -> int | str:
@@ -148,27 +156,60 @@ def check_depths(depths: list, drafter: Path | None, batch: int) -> None:
 
 
 def engine_config(ctx: int, batch: int, ubatch: int, threads: int, ngl, ngld, device, draft_device, force,
-                  verbose, kv_type="f16", prompt_cache=True):
+                  verbose, kv_type="f16", prompt_cache=True, rpc=None, tensor_split=None, draft_rpc=False,
+                  rpc_timeout=60.0):
     """EngineConfig and Placement from the model/placement flags (run, bench and serve)."""
     from .engine import EngineConfig
     from .placement import resolve
 
-    placement = resolve(device, draft_device, ngl, ngld, force)
+    if rpc is None:
+        for flag, given in (("--tensor-split", tensor_split is not None), ("--draft-rpc", draft_rpc)):
+            if given:
+                raise UserError(f"{flag}: needs --rpc HOST:PORT[,HOST:PORT...] (the servers to split over)")
+    else:
+        from . import rpc as rpc_mod
+
+        endpoints = rpc_mod.parse_endpoints(rpc)
+        split = rpc_mod.parse_tensor_split(tensor_split)
+        if not rpc_timeout >= 0:
+            raise UserError(f"--rpc-timeout: expected seconds >= 0 (0: forever), found {rpc_timeout}")
+        if ngl is not None:
+            check_range("-ngl/--n-gpu-layers", ngl, 1, note=" (with --rpc: the last N layers go to the servers)")
+    placement = resolve(device, draft_device, None if rpc else ngl, ngld, force)
     cfg = EngineConfig(n_ctx=ctx, n_batch=batch, n_ubatch=min(ubatch, batch) or None, n_threads=threads,
                        n_gpu_layers=placement.n_gpu_layers, n_gpu_layers_draft=placement.n_gpu_layers_draft,
                        kv_type=kv_type, verbose=verbose, prompt_cache=prompt_cache)
+    if rpc is not None:
+        cfg.rpc, cfg.tensor_split, cfg.draft_rpc, cfg.rpc_timeout_s = endpoints, split, draft_rpc, rpc_timeout
+        cfg.n_gpu_layers = ngl or 0  # 0: every layer (the head stays here)
+        cfg.rpc_local_gpu = placement.target_device == "cuda"
+        placement = _RpcPlacement(cfg)
     return cfg, placement
 
 
+class _RpcPlacement:
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+
+    def describe(self) -> str:
+        from .rpc import describe
+
+        return describe(self.cfg)
+
+
 def _engine(model: Path, draft: Path | None, ctx: int, batch: int, ubatch: int, threads: int,
-            ngl, ngld, device, draft_device, force, verbose, kv_type="f16", prompt_cache=True):
+            ngl, ngld, device, draft_device, force, verbose, kv_type="f16", prompt_cache=True, **rpc):
     from .engine import Engine
     from .llama import LlamaError
 
     cfg, placement = engine_config(ctx, batch, ubatch, threads, ngl, ngld, device, draft_device, force, verbose,
-                                   kv_type, prompt_cache)
+                                   kv_type, prompt_cache, **rpc)
+    from .rpc import RpcError
+
     try:
         return Engine.load(model, draft, cfg), placement
+    except RpcError as e:  # a server lost while the models loaded: not the user's mistake
+        raise RpcFailed(str(e)) from None
     except LlamaError as e:
         raise UserError(str(e)) from None
 
@@ -268,6 +309,10 @@ def run(
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write one JSON line per round to this file.")] = None,
     cache_type: CacheOpt = "f16",
     verbose: VerboseOpt = False,
+    rpc: RpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
+    draft_rpc: DraftRpcOpt = False,
+    rpc_timeout: RpcTimeoutOpt = 60.0,
 ) -> None:
     """Generate text from a Laguna target, drafting with its DFlash drafter.
 
@@ -298,7 +343,10 @@ def run(
 
     engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
                                 n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose,
-                                kv_type=cache_type)
+                                kv_type=cache_type, rpc=rpc, tensor_split=tensor_split, draft_rpc=draft_rpc,
+                                rpc_timeout=rpc_timeout)
+    from .rpc import RpcError as RpcLost
+
     with engine:
         if chat:
             prompt = _apply_chat(engine, prompt)
@@ -327,6 +375,8 @@ def run(
                     err.print(stats_table(engine.last_stats))
             except ValueError as e:
                 raise UserError(str(e)) from None
+            except RpcLost as e:
+                raise RpcFailed(str(e)) from None
         finally:
             if trace_f:
                 trace_f.close()
@@ -357,6 +407,10 @@ def bench(
     png: Annotated[Optional[Path], typer.Option("--png", help="Draw the speedups as a PNG chart here.")] = None,
     cache_type: CacheOpt = "f16",
     verbose: VerboseOpt = False,
+    rpc: RpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
+    draft_rpc: DraftRpcOpt = False,
+    rpc_timeout: RpcTimeoutOpt = 60.0,
 ) -> None:
     """Tokens/s of plain decoding and of each draft depth, measured in one process (greedy)."""
     from .bench import SWEEP_CONTENT, SWEEP_DEPTHS, bench_table, plot, run_bench
@@ -394,7 +448,10 @@ def bench(
     check_depths(depths, model_draft, batch_size)
     engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
                                 n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose,
-                                kv_type=cache_type, prompt_cache=False)  # each prompt measured from scratch
+                                kv_type=cache_type, prompt_cache=False,  # each prompt measured from scratch
+                                rpc=rpc, tensor_split=tensor_split, draft_rpc=draft_rpc, rpc_timeout=rpc_timeout)
+    from .rpc import RpcError as RpcLost
+
     ctrl_c = CtrlC()
     with engine:
         try:
@@ -402,6 +459,8 @@ def bench(
                 result = run_bench(engine, prompt_sets, depths, n_predict, repeats, console=err, should_stop=ctrl_c)
         except ValueError as e:
             raise UserError(str(e)) from None
+        except RpcLost as e:
+            raise RpcFailed(str(e)) from None
     result["placement"] = placement.describe()
     result["command"] = " ".join(["laguna-run"] + sys.argv[1:])
     Console().print(bench_table(result))
@@ -458,6 +517,9 @@ def _invoke(app: typer.Typer, args: list[str], prog_name: str | None = None) -> 
         return USER_ERROR_EXIT
     except Interrupted:
         return 130
+    except RpcFailed as e:
+        print("error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 1
     except typer.Exit as e:
         return e.exit_code
     except (KeyboardInterrupt, abort):

@@ -45,6 +45,22 @@ class EngineConfig:
     # keep the caches of the last sequence and prefill a new prompt only after the longest
     # token prefix it shares with it (a chat's next turn re-reads only the new messages)
     prompt_cache: bool = True
+    # llama.cpp's RPC backend (runtime/rpc.py): the target's layers on these rpc-servers
+    # ("HOST:PORT"), split by tensor_split; n_gpu_layers > 0 then offloads only the last that many
+    rpc: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
+    draft_rpc: bool = False  # the drafter's layers on the servers too (default: this machine)
+    rpc_local_gpu: bool = False  # this machine's GPUs take layers after the servers
+    rpc_timeout_s: float = 60.0  # a server silent this long is lost (0: wait forever)
+
+    def model_options(self) -> tuple[dict, dict]:
+        """Model(...) keyword arguments of the target and the drafter (RPC servers are probed and
+        registered here, before any model loads)."""
+        if self.rpc:
+            from . import rpc
+
+            return rpc.model_options(self)
+        return dict(n_gpu_layers=self.n_gpu_layers), dict(n_gpu_layers=self.n_gpu_layers_draft)
 
 
 @dataclass
@@ -177,10 +193,14 @@ class Engine:
     """
 
     def __init__(self, target: Model, drafter_path=None, config: EngineConfig | None = None,
-                 max_depth: int | None = None, drafter_model: Model | None = None) -> None:
+                 max_depth: int | None = None, drafter_model: Model | None = None,
+                 draft_options: dict | None = None) -> None:
         """``drafter_model``: the drafter at ``drafter_path`` already loaded, shared by several
-        engines over one target ``Model`` (each engine has its own contexts); left open by close()."""
+        engines over one target ``Model`` (each engine has its own contexts); left open by close().
+        ``draft_options``: Model(...) arguments of a drafter loaded here (EngineConfig.model_options)."""
         self.config = cfg = config or EngineConfig()
+        self._owned_drafter = None
+        draft_options = draft_options or dict(n_gpu_layers=cfg.n_gpu_layers_draft)
         self._serial = _OneAtATime()
         self._closed = False
         self._owns_target = False  # Engine.load's model is closed with the engine
@@ -214,6 +234,10 @@ class Engine:
         window = draft_spec.sliding_window if draft_spec else 0
         self.capture_horizon = capture_horizon(window) if window or draft_spec is None else math.inf
         if draft_spec is not None:
+            if drafter_model is None and cfg.rpc:
+                from .llama import Model as _Model
+
+                drafter_model = self._owned_drafter = _Model(drafter_path, **draft_options)
             self.drafter = Drafter(drafter_path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
                                    kv_type=cfg.kv_type, n_threads=cfg.n_threads, spec=draft_spec,
                                    check_target=False, model=drafter_model)
@@ -230,9 +254,10 @@ class Engine:
         target_spec = read_target(target_path)
         if drafter_path is not None and read_header_cached(drafter_path).arch == DRAFT_ARCH:
             check_pair(read_drafter(drafter_path), target_spec)
-        model = Model(target_path, n_gpu_layers=cfg.n_gpu_layers)
+        target_options, draft_options = cfg.model_options()  # RPC servers: probed before any model loads
+        model = Model(target_path, **target_options)
         try:
-            engine = cls(model, drafter_path, cfg)
+            engine = cls(model, drafter_path, cfg, draft_options=draft_options)
         except BaseException:
             model.close()
             raise
@@ -501,6 +526,9 @@ class Engine:
             if self.drafter is not None:
                 self.drafter.close()
                 self.drafter = None
+            if getattr(self, "_owned_drafter", None) is not None:
+                self._owned_drafter.close()
+                self._owned_drafter = None
             if getattr(self, "ctx", None) is not None:
                 self.ctx.close()
             if self._owns_target:

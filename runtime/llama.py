@@ -71,7 +71,11 @@ def _init_backend() -> None:
 
 def gpu_offload_supported() -> bool:
     _init_backend()
-    return bool(ll.llama_supports_gpu_offload())
+    from . import rpc
+
+    # not llama_supports_gpu_offload(): it is true in any wheel built with the RPC backend, and
+    # a registered RPC server's devices count as GPUs; this machine's own GPU devices only
+    return bool(rpc.local_devices())
 
 
 # ---------------------------------------------------------------------------- model
@@ -88,10 +92,26 @@ def check_gguf_file(path: Path) -> None:
         raise LlamaError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
 
 
+class _BuftOverride(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]  # llama_model_tensor_buft_override
+
+
+def _cpu_buft() -> int:
+    fn = ll._lib["ggml_backend_cpu_buffer_type"]
+    fn.argtypes, fn.restype = [], ctypes.c_void_p
+    return fn()
+
+
 class Model:
     """A loaded GGUF model (target or drafter)."""
 
-    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True,
+                 devices: list | None = None, tensor_split: tuple[float, ...] = (),
+                 cpu_tensors: str | None = None) -> None:
+        """``devices``: the runtime.rpc.Device list the offloaded layers go to, in order (None:
+        llama.cpp's default list; this machine's GPUs only once an RPC server is registered);
+        ``tensor_split``: llama.cpp's proportions of those layers per device; ``cpu_tensors``: a
+        regex of tensor names kept in this machine's memory wherever their layer goes."""
         _init_backend()
         self.path = Path(path)
         self.n_gpu_layers = n_gpu_layers
@@ -101,7 +121,36 @@ class Model:
         params = ll.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = use_mmap
+        from . import rpc
+
+        if devices is None and rpc.any_registered():
+            devices = rpc.local_devices()  # a registered server's devices are not this model's
+        self.devices = devices
+        self.uses_rpc = any(d.endpoint for d in devices or ())
+        keep = []
+        if devices is not None:
+            keep.append(rpc.device_array(devices))
+            params.devices = ctypes.cast(keep[-1], ctypes.c_void_p)
+        if tensor_split:
+            n_max = ll.llama_max_devices()
+            n_dev = len(devices or ())
+            if len(tensor_split) > max(n_dev, 1):
+                raise LlamaError(f"--tensor-split: {len(tensor_split)} proportions for {n_dev} device(s) "
+                                 f"({', '.join(map(str, devices or ())) or 'none'})")
+            keep.append((ctypes.c_float * n_max)(*tensor_split))
+            params.tensor_split = keep[-1]
+        if cpu_tensors:
+            keep.append((_BuftOverride * 2)(_BuftOverride(cpu_tensors.encode(), _cpu_buft()), _BuftOverride(None, None)))
+            params.tensor_buft_overrides = ctypes.cast(keep[-1], ctypes.c_void_p)
+        failures0 = rpc.failures() if self.uses_rpc else 0
         self._ptr = ll.llama_model_load_from_file(str(self.path).encode(), params)
+        if self.uses_rpc:
+            self._endpoints = rpc.hold({d.endpoint for d in devices if d.endpoint})
+        if self.uses_rpc and rpc.failures() != failures0:
+            if self._ptr:
+                ll.llama_model_free(self._ptr)
+                self._ptr = None
+            raise rpc.RpcError(f"{self.path}: loading it over RPC failed: {rpc.last_error()}")
         if not self._ptr:
             raise LlamaError(f"{self.path}: llama.cpp refused to load it (run with --verbose for its log)")
         self._vocab = ll.llama_model_get_vocab(self._ptr)
@@ -194,6 +243,11 @@ class Model:
                 ctx.close()
             ll.llama_model_free(self._ptr)
             self._ptr = None
+            if getattr(self, "_endpoints", None):
+                from . import rpc
+
+                rpc.release(self._endpoints)
+                self._endpoints = None
 
     def __enter__(self) -> "Model":
         return self
@@ -289,6 +343,12 @@ class Context:
         # numpy views of llama.cpp's output buffers, by (address, rows): a view costs a few
         # microseconds to make, and the buffers move only when llama.cpp regrows them
         self._views: dict[tuple[int, int, int], np.ndarray] = {}
+        # over RPC a lost server must fail the decode, not leave zeros in the outputs (patch 0022)
+        self._rpc = model.uses_rpc or (other is not None and other.model.uses_rpc)
+        if self._rpc:
+            from . import rpc
+
+            self._rpc_failures = rpc.failures()
 
     @property
     def closed(self) -> bool:
@@ -433,9 +493,22 @@ class Context:
     def _run(self, b: "_Batch", n: int) -> None:
         b.batch.n_tokens = n
         rc = ll.llama_decode(self.ptr, b.batch)
+        if self._rpc:
+            self._check_rpc(rc)
         if rc != 0:
             raise LlamaError(f"llama_decode failed with code {rc} ({n} rows)")
         self.last_n_tokens = n
+
+    def _check_rpc(self, rc: int) -> None:
+        """After a decode over RPC: wait for its outputs, then raise RpcError if a server was
+        lost meanwhile (ggml-rpc completes a dead connection's commands with zeros)."""
+        from . import rpc
+
+        if rc == 0:
+            ll.llama_synchronize(self._ptr)
+        if rpc.failures() != self._rpc_failures:
+            self.last_n_tokens = 0
+            raise rpc.RpcError(rpc.last_error() or f"an RPC server was lost (llama_decode returned {rc})")
 
     # -- outputs
 

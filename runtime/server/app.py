@@ -34,7 +34,7 @@ from convert.errors import UserError
 from ..chat_template import TEMPLATE_KEY, ChatTemplate
 from ..engine import GenerateOptions
 from ..sampling import SamplingError, SamplingParams
-from .pool import Job, PoolClosed, QueueFull, SlotPool
+from .pool import BackendLost, Job, PoolClosed, QueueFull, SlotPool
 from .schemas import MAX_STOPS, ChatCompletionRequest, CompletionRequest, GenerationFields
 
 #: the engine refuses a prompt + n_predict within this many tokens of the context size
@@ -246,6 +246,8 @@ class Server:
             return ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
         if isinstance(value, PoolClosed):
             return ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        if isinstance(value, BackendLost):
+            return ApiError(503, f"backend lost: {value}", type="server_error", code="backend_lost")
         if isinstance(value, ValueError):
             return ApiError(400, str(value))
         return ApiError(500, f"generation failed: {value}", type="server_error")
@@ -266,6 +268,9 @@ class Server:
                            headers={"Retry-After": "1"}) from None
         except PoolClosed:
             raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down") from None
+        except BackendLost as e:
+            self.pool.metrics.inc("laguna_requests_total", endpoint=endpoint, outcome="backend_lost")
+            raise ApiError(503, f"backend lost: {e}", type="server_error", code="backend_lost") from None
         rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -430,6 +435,8 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        if pool.backend_lost is not None:
+            return JSONResponse({"status": "error", "error": pool.backend_lost, **pool.status()}, status_code=503)
         return {"status": "ok", **pool.status()}
 
     @app.get("/metrics")

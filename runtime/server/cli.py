@@ -17,9 +17,9 @@ from convert.errors import UserError
 from convert.poolside import native_drafter_path
 
 from .. import assets
-from ..cli import (BatchOpt, CacheOpt, CtxOpt, DeviceOpt, DraftDeviceOpt, DraftOpt, ForceOpt, ModelOpt, NgldOpt,
-                   NglOpt, ThreadsOpt, UbatchOpt, VerboseOpt, check_cache_type, check_depths, check_range,
-                   check_sizes, engine_config, parse_depth)
+from ..cli import (BatchOpt, CacheOpt, CtxOpt, DeviceOpt, DraftDeviceOpt, DraftOpt, DraftRpcOpt, ForceOpt, ModelOpt,
+                   NgldOpt, NglOpt, RpcOpt, RpcTimeoutOpt, TensorSplitOpt, ThreadsOpt, UbatchOpt, VerboseOpt,
+                   check_cache_type, check_depths, check_range, check_sizes, engine_config, parse_depth)
 
 serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
 
@@ -89,6 +89,10 @@ def serve(
     force_placement: ForceOpt = False,
     cache_type: CacheOpt = "f16",
     verbose: VerboseOpt = False,
+    rpc: RpcOpt = None,
+    tensor_split: TensorSplitOpt = None,
+    draft_rpc: DraftRpcOpt = False,
+    rpc_timeout: RpcTimeoutOpt = 60.0,
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /health and
     /metrics, drafting every request with the DFlash drafter."""
@@ -121,7 +125,8 @@ def serve(
 
     cfg, placement = engine_config(ctx_size, batch_size, ubatch_size, threads, n_gpu_layers, n_gpu_layers_draft,
                                    device, draft_device, force_placement, verbose, kv_type=cache_type,
-                                   prompt_cache=not no_prompt_cache)
+                                   prompt_cache=not no_prompt_cache, rpc=rpc, tensor_split=tensor_split,
+                                   draft_rpc=draft_rpc, rpc_timeout=rpc_timeout)
     sock = bind(host, port)
     try:
         try:

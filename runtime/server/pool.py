@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..engine import Engine, EngineConfig, GenerateOptions, GenerationResult
 from ..llama import Model
+from ..rpc import RpcError
 from .metrics import Metrics
 
 
@@ -31,6 +32,11 @@ STREAM_INTERVAL_S = 0.02
 
 class QueueFull(Exception):
     """Every slot is busy and the queue holds max_queue jobs."""
+
+
+class BackendLost(Exception):
+    """An RPC server holding part of the target was lost: the loaded weights are gone with it, so
+    no slot can generate again until the server is restarted and the model loaded anew."""
 
 
 class PoolClosed(Exception):
@@ -168,6 +174,7 @@ class SlotPool:
         self._idle = list(self.slots)
         self.finished: deque[Job] = deque(maxlen=history)  # the last jobs done (tests, debugging)
         self._owned_models: list[Model] = []
+        self.backend_lost: str | None = None  # why no slot can generate any more (an RPC server lost)
         self.metrics.set_gauge("laguna_slots", len(self.slots))
         self._update_gauges()
         for s in self.slots:
@@ -184,6 +191,8 @@ class SlotPool:
         with self._lock:
             if self._closed:
                 raise PoolClosed()
+            if self.backend_lost is not None:
+                raise BackendLost(self.backend_lost)
             if self._idle:
                 self._assign(self._best_idle(job), job)
             elif len(self._waiting) < self.max_queue:
@@ -261,12 +270,28 @@ class SlotPool:
                 res: GenerationResult = engine.generate(job.tokens, opts)
                 outcome = Outcome(tokens=res.tokens, text=res.text, stats=res.stats, stop_reason=res.stop_reason)
         except Exception as e:  # a refused value or a llama.cpp failure: the request's error
+            if isinstance(e, RpcError):
+                self._lose_backend(str(e))
+                e = BackendLost(self.backend_lost)
             self._finish(job, "error")
             job._put(("error", e))
             return
         self.metrics.observe_generation(outcome.stats, job.queue_s)
         self._finish(job, "cancelled" if outcome.stop_reason == "interrupted" else "ok")
         job._put(("done", outcome))
+
+    def _lose_backend(self, why: str) -> None:
+        """Every later request gets 503 with the reason; the waiting ones get it now."""
+        with self._lock:
+            if self.backend_lost is None:
+                self.backend_lost = (f"{why}; the target's weights on it are gone: restart the RPC server(s), "
+                                     "then laguna-run serve")
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            self._update_gauges()
+        for job in waiting:
+            self._finish(job, "error")
+            job._put(("error", BackendLost(self.backend_lost)))
 
     def _finish(self, job: Job, label: str) -> None:
         job.t_end = time.perf_counter()
@@ -317,14 +342,15 @@ def load_pool(target_path: str | Path, drafter_path: str | Path | None, config: 
     if parallel < 1:
         raise ValueError(f"parallel: expected >= 1, found {parallel}")
     set_verbose(config.verbose)
-    target = Model(target_path, n_gpu_layers=config.n_gpu_layers)
+    target_options, draft_options = config.model_options()  # RPC servers: probed before any model loads
+    target = Model(target_path, **target_options)
     models = [target]
     engines: list[Engine] = []
     try:
         drafter_model = None
         if drafter_path is not None:
             drafter_path = native_drafter_path(drafter_path, target.path)
-            drafter_model = Model(drafter_path, n_gpu_layers=config.n_gpu_layers_draft)
+            drafter_model = Model(drafter_path, **draft_options)
             models.append(drafter_model)
         for _ in range(parallel):
             engines.append(Engine(target, drafter_path, config, drafter_model=drafter_model))
