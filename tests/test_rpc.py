@@ -246,6 +246,24 @@ def test_a_server_killed_mid_generation_ends_the_request_with_an_error(pair, loc
     assert outputs(*pair, config())[4] == local[4]
 
 
+def test_a_server_that_stops_answering_is_lost_after_the_timeout_not_waited_for(pair):
+    with rpc_servers(1) as (endpoints, procs):
+        eng = Engine.load(*pair, config(rpc=tuple(endpoints), rpc_timeout_s=1.0))
+        try:
+            stopped = []
+
+            def stop_after_second_round(record):
+                if record["round"] == 2 and not stopped:
+                    procs[0].send_signal(signal.SIGSTOP)  # alive, connected, silent
+                    stopped.append(time.monotonic())
+
+            with pytest.raises(rpc.RpcError, match="did not answer in time"):
+                eng.generate(PROMPT, GenerateOptions(n_predict=200, n_max=4, trace=stop_after_second_round))
+            assert stopped and time.monotonic() - stopped[0] < 1.0 + 3.0
+        finally:
+            eng.close()  # rpc_servers kills the stopped process (SIGKILL reaches it)
+
+
 def test_the_server_mode_answers_503_after_a_lost_backend_and_keeps_serving(pair):
     import httpx
 
