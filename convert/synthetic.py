@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .checkpoint import DEFAULT_CONTEXT_LENGTH, SLIDING, DrafterConfig, expected_tensors, parse_config
+from .checkpoint import (ARCHITECTURE, DEFAULT_CONTEXT_LENGTH, MODEL_TYPE, SLIDING, DrafterConfig, expected_tensors,
+                         parse_config)
 from .quantize import to_bf16_bits
 from .safetensors_io import PlannedTensor, write_streaming
 
@@ -87,8 +88,8 @@ def drafter_config_dict(
     """
     ids = [int(i) for i in target_layer_ids]
     cfg: dict[str, Any] = {
-        "architectures": ["DFlashLagunaForCausalLM"],
-        "model_type": "laguna",
+        "architectures": [ARCHITECTURE],
+        "model_type": MODEL_TYPE,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "dflash_config": {

@@ -23,12 +23,13 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
+from . import gguf_keys as K
 from .errors import ContractError, UserError
 from .gguf_header import read_header
 from .gguf_rules import check_header
 from .writer import KV
 
-DRAFT_ARCHITECTURES = ("dflash-draft", "dflash")
+DRAFT_ARCHITECTURES = K.DRAFTER_ARCHS
 TOKENIZER_PREFIX = "tokenizer."
 LLAMA_CPP_ENV = "LAGUNA_LLAMA_CPP_DIR"
 CACHE_ENV = "LAGUNA_DFLASH_CACHE"
@@ -141,8 +142,8 @@ def read_target_gguf(path: Path) -> TargetInfo:
             raise ContractError(path, key, "a positive integer", "nothing" if v is None else v)
         return v
 
-    n_layer = need_int(f"{arch}.block_count")
-    hidden = need_int(f"{arch}.embedding_length")
+    n_layer = need_int(K.for_arch(arch, K.BLOCK_COUNT))
+    hidden = need_int(K.for_arch(arch, K.EMBEDDING_LENGTH))
     tok = tokenizer_kvs(reader)
     tokens = tok.get("tokenizer.ggml.tokens")
     if tokens is None or tokens.sub_type != GGUFValueType.STRING or not tokens.value:

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-from convert import gguf_keys
+from convert import gguf_keys as K
 from convert.errors import ContractError
 from convert.gguf_header import Header
 from convert.gguf_rules import checked_header, read_header_cached
 
-DRAFT_ARCH = gguf_keys.ARCH
+DRAFT_ARCH = K.ARCH
 
 
 def _tokens_digest(header: Header) -> tuple[int, str]:
@@ -98,14 +98,14 @@ def read_drafter(path: str | Path) -> DrafterSpec:
     p = DRAFT_ARCH
     n_vocab, digest = _tokens_digest(header)
     get = header.get
-    target_name = get(f"{p}.dflash.target_name")
+    target_name = get(K.TARGET_NAME)
     return DrafterSpec(
-        path=path, n_layer=get(f"{p}.block_count"), n_embd=get(f"{p}.embedding_length"),
-        n_head=get(f"{p}.attention.head_count"), n_head_kv=get(f"{p}.attention.head_count_kv"),
-        head_dim=get(f"{p}.attention.key_length"), block_size=get(f"{p}.dflash.block_size"),
-        mask_token_id=get(f"{p}.dflash.mask_token_id"), target_layer_ids=tuple(get(f"{p}.dflash.target_layer_ids")),
+        path=path, n_layer=get(K.BLOCK_COUNT), n_embd=get(K.EMBEDDING_LENGTH),
+        n_head=get(K.HEAD_COUNT), n_head_kv=get(K.HEAD_COUNT_KV),
+        head_dim=get(K.KEY_LENGTH), block_size=get(K.BLOCK_SIZE),
+        mask_token_id=get(K.MASK_TOKEN_ID), target_layer_ids=tuple(get(K.TARGET_LAYER_IDS)),
         # no window key: full attention (0), as ik_llama.cpp reads it
-        sliding_window=get(f"{p}.attention.sliding_window") or 0, n_vocab=n_vocab, tokens_sha256=digest,
+        sliding_window=get(K.SLIDING_WINDOW) or 0, n_vocab=n_vocab, tokens_sha256=digest,
         target_name=str(target_name) if target_name is not None else None,
     )
 
@@ -121,10 +121,10 @@ def read_header_checked_arch(path: Path, arch: str) -> Header:
 def check_pair(drafter: DrafterSpec, target: TargetSpec) -> None:
     """Raise ContractError (naming the drafter file) when the two cannot work together."""
     if drafter.n_embd != target.n_embd:
-        raise ContractError(drafter.path, f"{DRAFT_ARCH}.embedding_length",
+        raise ContractError(drafter.path, K.EMBEDDING_LENGTH,
                             f"{target.n_embd} (the target's hidden size)", drafter.n_embd)
     if max(drafter.target_layer_ids) >= target.n_layer:
-        raise ContractError(drafter.path, f"{DRAFT_ARCH}.dflash.target_layer_ids",
+        raise ContractError(drafter.path, K.TARGET_LAYER_IDS,
                             f"ids < {target.n_layer} (the target's layer count)", list(drafter.target_layer_ids))
     if drafter.n_vocab != target.n_vocab:
         raise ContractError(drafter.path, "tokenizer.ggml.tokens",

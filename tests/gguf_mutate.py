@@ -6,7 +6,7 @@ tensor data appended unchanged (tensor offsets are relative to the data section,
 valid). Used by the fuzz test and the range-check tests.
 
     src = Source.of(path)
-    src.write_value(out, "dflash-draft.attention.layer_norm_rms_epsilon", GGUFValueType.FLOAT32, -1.0)
+    src.write_value(out, K.RMS_EPS, GGUFValueType.FLOAT32, -1.0)
     src.write_truncated(out, src.data_offset + 100)
 """
 
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gguf import GGUFReader, GGUFValueType
+
+from convert import gguf_keys as K
 
 SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",

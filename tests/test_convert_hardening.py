@@ -28,6 +28,7 @@ from convert_fixtures import PRESETS, leftovers, read_gguf, run_cli, target_for
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType, GGUFWriter
 
+from convert import gguf_keys as K
 from convert.converter import prepare
 from convert.errors import ContractError, UserError
 from convert.quantize import check_values
@@ -389,7 +390,7 @@ def test_metadata_the_writer_cannot_encode(tmp_path: Path, kv: KV, field: str, e
     out = tmp_path / "o.gguf"
     specs = [TensorSpec("t", (32,), Q.F32)]
     with pytest.raises(ContractError) as e:
-        write_gguf(out, "dflash-draft", {"ok": KV(1, GGUFValueType.UINT32), "k": kv}, specs, [np.zeros(32, np.float32)])
+        write_gguf(out, K.ARCH, {"ok": KV(1, GGUFValueType.UINT32), "k": kv}, specs, [np.zeros(32, np.float32)])
     assert str(e.value).startswith(f"{out}: {field}: expected {expected}"), str(e.value)
     assert list(tmp_path.iterdir()) == []
 
@@ -401,7 +402,7 @@ def test_a_planted_partial_file_is_never_written_through(tmp_path: Path) -> None
     out = tmp_path / "o.gguf"
     (tmp_path / f"o.gguf.partial-{os.getpid()}").symlink_to(victim)
     with pytest.raises(UserError, match=r"the temporary file .* already exists"):
-        write_gguf(out, "dflash-draft", {}, [TensorSpec("t", (32,), Q.F32)], [np.zeros(32, np.float32)])
+        write_gguf(out, K.ARCH, {}, [TensorSpec("t", (32,), Q.F32)], [np.zeros(32, np.float32)])
     assert victim.read_text() == "precious" and not out.exists()
 
 

@@ -11,6 +11,7 @@ import pytest
 from convert_fixtures import PRESETS, leftovers, read_gguf, run_cli, target_for
 from gguf import GGUFValueType, GGUFWriter
 
+from convert import gguf_keys as K
 from convert.converter import convert
 from convert.errors import ContractError, UserError
 from convert.synthetic import write_drafter, write_target_gguf
@@ -86,7 +87,7 @@ def test_hf_target_with_injected_tokenizer_step(tmp_path: Path) -> None:
     out = read_gguf(summary.out)
     reference = read_gguf(target_for(XS, tmp_path / "ref.gguf"))
     assert out.kv["tokenizer.ggml.tokens"] == reference.kv["tokenizer.ggml.tokens"]
-    assert out.kv["dflash-draft.dflash.target_name"] == "From Vocab Step"
+    assert out.kv[K.TARGET_NAME] == "From Vocab Step"
 
 
 @pytest.mark.parametrize("over,vocab,fragment", [
@@ -206,4 +207,4 @@ def test_hf_target_through_vendored_llama_cpp(tmp_path: Path, monkeypatch: pytes
     tokens = g.kv["tokenizer.ggml.tokens"]
     assert len(tokens) == preset["vocab_size"]  # padded by llama.cpp to the config's vocab_size
     assert tokens[:3] == ["〈|PAD|〉", "〈|UNK|〉", "〈|EOS|〉"]
-    assert g.kv["dflash-draft.dflash.target_n_layer"] == 4
+    assert g.kv[K.TARGET_N_LAYER] == 4

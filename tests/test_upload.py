@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from convert import gguf_keys as K  # noqa: E402
 from convert import model_card, upload as up  # noqa: E402
 from convert.errors import UserError  # noqa: E402
 from convert.model_card import BenchResults, BenchRow, GGUFInfo, build_model_card, pair_target, parse_bench  # noqa: E402
@@ -45,7 +46,7 @@ def write_drafter(
     seed: int = 0,
 ) -> Path:
     """A tiny drafter GGUF with the keys our converter writes (SPEC §5a), not a working model."""
-    arch = "dflash-draft"
+    arch = K.ARCH
     w = gguf.GGUFWriter(str(path), arch)
     w.add_string("general.name", "Laguna XS 2.1 DFlash")
     w.add_string("general.basename", "Laguna-XS-2.1-DFlash")
@@ -54,16 +55,16 @@ def write_drafter(
         w.add_string("general.source.huggingface.repository", source)
     if license:
         w.add_string("general.license", license)
-    w.add_bool(f"{arch}.dflash.laguna", True)
-    w.add_uint32(f"{arch}.dflash.block_size", 16)
-    w.add_uint32(f"{arch}.dflash.mask_token_id", 12)
-    w.add_array(f"{arch}.dflash.target_layer_ids", layer_ids)
-    w.add_uint32(f"{arch}.block_count", 2)
-    w.add_uint32(f"{arch}.embedding_length", n_embd)
+    w.add_bool(K.DFLASH_LAGUNA, True)
+    w.add_uint32(K.BLOCK_SIZE, 16)
+    w.add_uint32(K.MASK_TOKEN_ID, 12)
+    w.add_array(K.TARGET_LAYER_IDS, layer_ids)
+    w.add_uint32(K.BLOCK_COUNT, 2)
+    w.add_uint32(K.EMBEDDING_LENGTH, n_embd)
     if target_name:
-        w.add_string(f"{arch}.dflash.target_name", target_name)
+        w.add_string(K.TARGET_NAME, target_name)
     if target_n_layer is not None:
-        w.add_uint32(f"{arch}.dflash.target_n_layer", target_n_layer)
+        w.add_uint32(K.TARGET_N_LAYER, target_n_layer)
     rng = np.random.default_rng(seed)
     for name in ("dflash_fc.weight", "blk.0.attn_q.weight", "blk.1.attn_q.weight"):
         m = rng.standard_normal((n_embd, n_embd)).astype(np.float32)
@@ -111,7 +112,7 @@ def info(**kw) -> GGUFInfo:
         filename="drafter-Q8_0.gguf",
         size=123456,
         sha256="ab" * 32,
-        architecture="dflash-draft",
+        architecture=K.ARCH,
         file_type=7,
         tensor_types=(("Q8_0", 49), ("F32", 23)),
         block_count=5,
