@@ -282,7 +282,7 @@ def main() -> None:
 
 
 try:
-    from convert import upload as _upload  # noqa: E402
+    from . import upload as _upload  # noqa: E402
 except ImportError:  # the upload command is optional: its module or its dependencies may be absent
     _upload = None  # type: ignore[assignment]
 else:

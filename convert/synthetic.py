@@ -1,6 +1,6 @@
 """Deterministic random Laguna DFlash drafter checkpoints, for tests and benchmarks.
 
-    from convert.synthetic import XS_2_1, write_drafter
+    from .synthetic import XS_2_1, write_drafter
     write_drafter(Path("xs"), **XS_2_1)                        # the real XS 2.1 shapes, 0.9 GB bf16
     write_drafter(Path("tiny"), fused_qkv=False, prefix=True)  # a few hundred KB, split q/k/v, ``model.``
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from convert.errors import UserError
+from ..convert.errors import UserError
 
 PACKAGE = Path(__file__).resolve().parent
 REPO = PACKAGE.parent
@@ -32,9 +32,9 @@ def tiny_drafter_digest() -> str:
 
 def converted_tiny_drafter(outtype: str = "q8_0") -> Path:
     """The shipped HF drafter converted with laguna-gguf convert, once per checkpoint content."""
-    from convert import converter
-    from convert.poolside import layout_version
-    from convert.target import read_target
+    from ..convert import converter
+    from ..convert.poolside import layout_version
+    from ..convert.target import read_target
 
     # keyed by the converter's code too: a cached file from before a layout change (e.g. the
     # pre-FFN norm's name) would still load here but not in ik_llama.cpp

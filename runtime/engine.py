@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from convert.gguf_rules import read_header_cached
+from ..convert.gguf_rules import read_header_cached
 
 from .drafter import Drafter
 from .llama import ClosedError, Context, ContextParams, LlamaError, Model, microbatch_for_window
@@ -188,7 +188,7 @@ class Engine:
         self.target_spec = read_target(target.path)
         draft_spec = None
         if drafter_path is not None:
-            from convert.poolside import native_drafter_path
+            from ..convert.poolside import native_drafter_path
 
             from .pair import check_pair, read_drafter
 

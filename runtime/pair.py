@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFValueType
 
-from convert import gguf_keys as K
-from convert.errors import ContractError
-from convert.gguf_header import Header
-from convert.gguf_rules import checked_header, read_header_cached
+from ..convert import gguf_keys as K
+from ..convert.errors import ContractError
+from ..convert.gguf_header import Header
+from ..convert.gguf_rules import checked_header, read_header_cached
 
 DRAFT_ARCH = K.ARCH
 

@@ -37,8 +37,8 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "the inference runtime does not import this module"
     ) from exc
 
-from convert.checkpoint import DrafterConfig, expected_tensors, parse_config, sanitize_keys
-from convert.errors import ContractError
+from ..convert.checkpoint import DrafterConfig, expected_tensors, parse_config, sanitize_keys
+from ..convert.errors import ContractError
 
 __all__ = [
     "LagunaDFlashDrafter",

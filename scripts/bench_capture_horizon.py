@@ -2,7 +2,7 @@
 """How many rows a drafter needs back after a stretch of plain decoding (the capture horizon).
 
 When `--n-max auto` promises a stretch of plain steps, only the last ``capture_horizon`` of
-them read their rows from the target for the drafter (``runtime.tuner.CATCHUP_ROWS``); the
+them read their rows from the target for the drafter (``laguna_dflash.runtime.tuner.CATCHUP_ROWS``); the
 drafter's context before the next draft is then those rows alone. Two measurements on the
 bundled laguna-tiny pair, greedy:
 
@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from runtime.tuner import DepthPolicy  # noqa: E402
+from laguna_dflash.runtime.tuner import DepthPolicy  # noqa: E402
 from scripts.recorded import command_line  # noqa: E402
 
 
@@ -59,7 +59,7 @@ class StretchThenVisit(DepthPolicy):
 
 
 def acceptance_by_rows(engine, prompts: list[str], rows: list[int], args) -> dict[str, float]:
-    from runtime.engine import GenerateOptions
+    from laguna_dflash.runtime.engine import GenerateOptions
 
     out, outputs = {}, {}
     for n_rows in rows:
@@ -79,8 +79,8 @@ def acceptance_by_rows(engine, prompts: list[str], rows: list[int], args) -> dic
 
 
 def ab(target, drafter, prompts: list[str], window: int, repeats: int) -> dict[str, float]:
-    from runtime.engine import Engine, GenerateOptions
-    from runtime.tuner import CATCHUP_ROWS, AutoDepth
+    from laguna_dflash.runtime.engine import Engine, GenerateOptions
+    from laguna_dflash.runtime.tuner import CATCHUP_ROWS, AutoDepth
 
     horizons = {f"auto, horizon {CATCHUP_ROWS}": CATCHUP_ROWS, f"auto, horizon {window}": window}
     tokens, seconds = defaultdict(int), defaultdict(float)
@@ -113,8 +113,8 @@ def main(argv=None) -> int:
 
     from rich.console import Console
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
     from scripts.bench_autotune import degraded_drafter
 
     console = Console()

@@ -20,7 +20,7 @@ takes about 7.5 minutes on 2 cores and is deterministic for a given ``--seed``):
   multi-row pass can read) and with a selection bias that sends every token to the same 8 experts
   per layer (``shared`` routing: a verify pass reads no more expert weights than a decode step).
   A real model's routing lies between the two;
-* a random drafter with the exact XS 2.1 DFlash shapes (``convert.synthetic.XS_2_1``), converted
+* a random drafter with the exact XS 2.1 DFlash shapes (``laguna_dflash.convert.synthetic.XS_2_1``), converted
   to Q8_0 against the 5-layer target by this project's converter. Its ``target_layer_ids`` are
   ``[0..4]`` (the real ones, ``[1, 13, 25, 33, 39]``, need 40 layers); no shape depends on them.
 
@@ -31,7 +31,7 @@ tokens, ``--repeats`` interleaved repeats after ``--warmup`` untimed ones; see `
   drafts, logits on every row) for the 2- and 5-layer targets, both routings;
 * ``t_draft(k)``: one drafter block pass over ``[bonus, MASK*k]`` (logits on the ``k`` proposals);
 * ``t_inject(a)``: one drafter context injection of ``a+1`` rows (the bonus plus ``a`` accepted);
-* the engine's rounds at each depth (``runtime.engine.Engine`` on the 5-layer pair): host
+* the engine's rounds at each depth (``laguna_dflash.runtime.engine.Engine`` on the 5-layer pair): host
   overhead = a round's wall time minus the time spent inside ``llama_decode`` in it.
 
 The 40-layer cost is extrapolated per row count as ``T40 = c + 39 m`` with ``m = (T5 − T2) / 3``
@@ -146,7 +146,7 @@ def byte_level_alphabet() -> list[str]:
 def synthetic_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
     """Laguna-style specials at their fixed ids (MASK = 12), the 256 byte tokens, then merged pairs
     and triples of byte tokens with the merges that make them, up to exactly ``n_vocab`` tokens."""
-    from convert.synthetic import SPECIAL_TOKENS
+    from laguna_dflash.convert.synthetic import SPECIAL_TOKENS
     from gguf import TokenType
 
     chars = byte_level_alphabet()
@@ -323,7 +323,7 @@ def quantize_q4_k_m(src: Path, dst: Path, n_threads: int) -> None:
     """llama.cpp's Q4_K_M mix, with ffn_down/attn_v of each layer pinned (see Q6_LAYERS)."""
     import llama_cpp.llama_cpp as ll
 
-    from runtime.llama import _init_backend
+    from laguna_dflash.runtime.llama import _init_backend
 
     _init_backend()
     params = ll.llama_model_quantize_default_params()
@@ -353,7 +353,7 @@ def cut_layers(src: Path, dst: Path, n_layer: int, shared_routing: bool = False,
     with ``shared_routing`` each layer's expert selection bias sends every token to the same 8 experts."""
     from gguf import GGUFReader, GGUFValueType as T, GGUFWriter
 
-    from convert.target import field_kv
+    from laguna_dflash.convert.target import field_kv
 
     r = GGUFReader(src, "r")
     arch = "laguna"
@@ -400,10 +400,10 @@ class Artifacts:
 
 
 def build(root: Path, seed: int, n_threads: int, force: bool) -> Artifacts:
-    from convert.converter import convert
-    from convert.quantize import OutType
-    from convert.synthetic import XS_2_1, write_drafter
-    from convert.target import read_target
+    from laguna_dflash.convert.converter import convert
+    from laguna_dflash.convert.quantize import OutType
+    from laguna_dflash.convert.synthetic import XS_2_1, write_drafter
+    from laguna_dflash.convert.target import read_target
 
     root.mkdir(parents=True, exist_ok=True)
     stamp = hashlib.sha256(f"{BUILD_VERSION}:{seed}".encode()).hexdigest()[:10]
@@ -529,8 +529,8 @@ class Bench:
         return ll.llama_state_seq_set_data(ctx.ptr, buf, len(state), 0) == len(state)
 
     def open(self, routing: str) -> None:
-        from runtime.drafter import Drafter
-        from runtime.llama import Context, ContextParams, Model
+        from laguna_dflash.runtime.drafter import Drafter
+        from laguna_dflash.runtime.llama import Context, ContextParams, Model
 
         for n in VARIANTS:
             model = Model(self.art.targets[(routing, n)])
@@ -674,8 +674,8 @@ class Bench:
         between consecutive round traces (a whole loop iteration); its host overhead is that minus
         the time spent inside llama_decode (target and drafter) in the same interval. Only rounds
         that ran at the asked depth are kept."""
-        from runtime import llama as rl
-        from runtime.engine import Engine, EngineConfig, GenerateOptions
+        from laguna_dflash.runtime import llama as rl
+        from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
         in_decode = [0.0]
         plain_run = rl.Context._run

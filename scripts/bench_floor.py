@@ -51,8 +51,8 @@ def main(argv=None) -> int:
     if bin_dir is None:
         print("bench_floor: the vendored llama-bench is not built (scripts/build_peer.sh vendored); skipped")
         return 0
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     target, drafter = assets.default_pair(None)
     engine = Engine.load(target, drafter, EngineConfig(n_threads=args.threads))

@@ -57,7 +57,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from convert.quantize import OutType  # noqa: E402
+from laguna_dflash.convert.quantize import OutType  # noqa: E402
 from scripts.recorded import command_line  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -89,8 +89,8 @@ def tensor_types(path: Path) -> dict[str, str]:
 def convert_all(source: Path, target: Path, work: Path, tag: str, reuse: bool = False) -> dict[OutType, dict]:
     """``source`` converted to every type of TYPES with the CLI's code path; size, types, seconds
     (None for a file of an earlier run, kept when ``reuse``)."""
-    from convert.converter import convert
-    from convert.target import read_target
+    from laguna_dflash.convert.converter import convert
+    from laguna_dflash.convert.target import read_target
 
     tgt = read_target(target)
     out = {}
@@ -111,9 +111,9 @@ def convert_all(source: Path, target: Path, work: Path, tag: str, reuse: bool = 
 # ----------------------------------------------------------------------------- tiny pair
 
 def run_tiny(args, work: Path) -> dict:
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
-    from runtime.llama import Model
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.llama import Model
 
     console.print("[bold]tiny pair[/]: converting the bundled drafter")
     files = convert_all(assets.TINY_DRAFTER_HF, assets.TINY_TARGET, work, "tiny")
@@ -219,9 +219,9 @@ def light_host(cm, work: Path, seed: int) -> Path:
 def run_xs(args, work: Path) -> dict:
     import bench_cost_model as cm
 
-    from convert.synthetic import XS_2_1, write_drafter
-    from runtime.drafter import Drafter
-    from runtime.llama import Context, ContextParams, Model
+    from laguna_dflash.convert.synthetic import XS_2_1, write_drafter
+    from laguna_dflash.runtime.drafter import Drafter
+    from laguna_dflash.runtime.llama import Context, ContextParams, Model
 
     xs_dir = work / f"xs-seed{args.seed}"
     xs_dir.mkdir(parents=True, exist_ok=True)

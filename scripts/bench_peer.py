@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     target = assets.TINY_TARGET
     drafter = args.drafter or assets.converted_tiny_drafter()

@@ -37,8 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args, _ = ap.parse_known_args(argv)  # the demo passes laguna-run's extra flags along; only -t matters here
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     n_max = args.n_max if args.n_max == "auto" else int(args.n_max)
     target, drafter = assets.default_pair(None)

@@ -36,7 +36,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from runtime.tuner import DepthPolicy  # noqa: E402
+from laguna_dflash.runtime.tuner import DepthPolicy  # noqa: E402
 from scripts.recorded import command_line  # noqa: E402
 
 
@@ -58,7 +58,7 @@ class Scripted(DepthPolicy):
 
 def match_lengths(engine, prompt: str, n_predict: int) -> list[int]:
     """L_t for t = 0 .. n_predict - 2: drafts from position t that agree with greedy decoding."""
-    from runtime.engine import GenerateOptions
+    from laguna_dflash.runtime.engine import GenerateOptions
 
     greedy = engine.generate(prompt, GenerateOptions(n_predict=n_predict, n_max=0)).tokens
     prompt_tokens = engine.tokenize(prompt)
@@ -89,7 +89,7 @@ def match_lengths(engine, prompt: str, n_predict: int) -> list[int]:
 def round_times(engine, prompts: list[str], schedule: list[int], n_predict: int, ahead: int = 0) -> list[list[tuple]]:
     """Per prompt, (depth, accepted, t_round, t_catchup) of each round of ``schedule``; plain
     steps read their rows for the drafter unless ``ahead`` promises a stretch past its window."""
-    from runtime.engine import GenerateOptions
+    from laguna_dflash.runtime.engine import GenerateOptions
 
     logs = []
     for p in prompts:
@@ -189,10 +189,10 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig
-    from runtime.llama import Model
-    from runtime.placement import resolve
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
+    from laguna_dflash.runtime.llama import Model
+    from laguna_dflash.runtime.placement import resolve
     from scripts.bench_autotune import degraded_drafter
 
     placement = resolve(args.device)

@@ -29,7 +29,7 @@ from scripts.recorded import command_line  # noqa: E402
 
 
 def summary(make_policy, rec, prompts: list[list[int]], seeds: int) -> dict:
-    from runtime.replay import SETTLE_ROUNDS, judge
+    from laguna_dflash.runtime.replay import SETTLE_ROUNDS, judge
 
     j = judge(make_policy, rec, prompts, seeds)
     ratios, vs_plain, quality, settles = j.vs_best_fixed, j.vs_plain, j.choice_quality, j.settle_round
@@ -53,8 +53,8 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from runtime.replay import Recording
-    from runtime.tuner import AutoDepth
+    from laguna_dflash.runtime.replay import Recording
+    from laguna_dflash.runtime.tuner import AutoDepth
 
     names = args.workloads.split(",") if args.workloads else list(Recording.load(args.recording).workloads)
     t = Table(title=f"--n-max auto replayed ({args.seeds} seeds per workload)", title_justify="left")
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     result = {"command": command_line(__file__, argv),
               "workloads": out}
     if args.stream:
-        from runtime.replay import judge_stream
+        from laguna_dflash.runtime.replay import judge_stream
 
         segments = args.stream.split(",")
         stream = judge_stream(AutoDepth, {n: Recording.load(args.recording, costs_of=n) for n in segments}, args.seeds)

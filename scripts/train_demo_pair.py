@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import tiny_target as tt  # noqa: E402
-from runtime import assets  # noqa: E402
+from laguna_dflash.runtime import assets  # noqa: E402
 
 DEFAULT_OUT = REPO / "runtime" / "assets" / "laguna-tiny"
 PROMPTS_FILE = HERE / "prompts" / "code.txt"
@@ -115,7 +115,7 @@ TARGET_CONFIG = dict(
     router_aux_loss_coef=0.01,
 )
 
-#: the drafter (keyword arguments of convert.synthetic.drafter_config_dict)
+#: the drafter (keyword arguments of laguna_dflash.convert.synthetic.drafter_config_dict)
 DRAFTER_KW = dict(
     hidden=HIDDEN,
     n_layers=2,
@@ -421,7 +421,7 @@ def drafter_block_logits(drafter, ctx_feats, anchors, blocks, embed, lm_head):
     context K/V computed once and shared by its A blocks.
     """
     import torch
-    from runtime.torch_drafter import build_window_mask
+    from laguna_dflash.runtime.torch_drafter import build_window_mask
 
     S, T, _ = ctx_feats.shape
     A, L = blocks.shape[1], blocks.shape[2]
@@ -444,8 +444,8 @@ def drafter_block_logits(drafter, ctx_feats, anchors, blocks, embed, lm_head):
 
 def train_drafter(args, log: Log, target, seqs, feats, plens, out_dir: Path):
     import torch
-    from convert.synthetic import drafter_config_dict
-    from runtime.torch_drafter import LagunaDFlashDrafter
+    from laguna_dflash.convert.synthetic import drafter_config_dict
+    from laguna_dflash.runtime.torch_drafter import LagunaDFlashDrafter
 
     cfg = drafter_config_dict(**DRAFTER_KW, name_or_path="laguna-dflash/Laguna-Tiny-DFlash")
     torch.manual_seed(args.seed + 2)
@@ -689,7 +689,7 @@ def run_bench(out: Path, log: Log) -> dict | None:
         return None
     with tempfile.TemporaryDirectory() as tmp:
         js = Path(tmp) / "bench.json"
-        code = ("import sys; from runtime.cli import main; "
+        code = ("import sys; from laguna_dflash.runtime.cli import main; "
                 f"sys.argv = ['laguna-run', 'bench', '--n-max', '1,2,4,8', '--repeats', '2', '--json', {str(js)!r}]; "
                 "sys.exit(main())")
         r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

@@ -11,9 +11,9 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from typer.testing import CliRunner
 
-from convert import gguf_keys as K
-from convert.cli import app
-from convert.synthetic import TINY_S, TINY_XS, write_target_gguf
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.cli import app
+from laguna_dflash.convert.synthetic import TINY_S, TINY_XS, write_target_gguf
 
 U32, I32, F32, BOOL, STR, ARR = (GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.FLOAT32,
                                  GGUFValueType.BOOL, GGUFValueType.STRING, GGUFValueType.ARRAY)

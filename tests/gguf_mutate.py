@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gguf import GGUFReader, GGUFValueType
 
-from convert import gguf_keys as K
+from laguna_dflash.convert import gguf_keys as K
 
 SCALAR_FORMATS = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",

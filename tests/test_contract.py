@@ -15,16 +15,16 @@ from pathlib import Path
 import pytest
 from convert_fixtures import TINY_XS, target_for
 
-from convert import gguf_keys as K
-from convert.checkpoint import ARCHITECTURE, MODEL_TYPE, DrafterConfig, parse_config
-from convert.converter import prepare
-from convert.errors import ContractError
-from convert.synthetic import write_drafter
-from convert.target import read_target
-from runtime.assets import TINY_DRAFTER_HF
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.checkpoint import ARCHITECTURE, MODEL_TYPE, DrafterConfig, parse_config
+from laguna_dflash.convert.converter import prepare
+from laguna_dflash.convert.errors import ContractError
+from laguna_dflash.convert.synthetic import write_drafter
+from laguna_dflash.convert.target import read_target
+from laguna_dflash.runtime.assets import TINY_DRAFTER_HF
 
 torch = pytest.importorskip("torch")
-from runtime.torch_drafter import LagunaDFlashDrafter  # noqa: E402
+from laguna_dflash.runtime.torch_drafter import LagunaDFlashDrafter  # noqa: E402
 
 HEAD_DIM = TINY_XS["head_dim"]
 

@@ -13,8 +13,8 @@ from convert_fixtures import (LAYOUT_KEYS, PRESETS, SOURCE_REPO_KEY, cv_targets,
                               leftovers, read_gguf, run_cli)
 from gguf import GGMLQuantizationType as Q
 
-from convert import gguf_keys as K
-from convert.synthetic import write_drafter
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.synthetic import write_drafter
 
 LAYOUTS = [
     pytest.param("xs", dict(fused_qkv=True), id="xs-fused"),
@@ -149,8 +149,8 @@ def test_float_outtypes_read_back_exactly(tmp_path: Path, cv_targets: dict[str, 
 
 
 def test_f32_checkpoint_to_f32_is_lossless(tmp_path: Path, cv_targets: dict[str, Path]) -> None:  # noqa: F811
-    from convert.checkpoint import load_config
-    from convert.synthetic import random_weights
+    from laguna_dflash.convert.checkpoint import load_config
+    from laguna_dflash.convert.synthetic import random_weights
 
     preset = PRESETS["xs"]
     drafter = write_drafter(tmp_path / "d", **preset, dtype="f32", seed=11)
@@ -225,7 +225,7 @@ def test_writer_streams_one_tensor_at_a_time(tmp_path: Path) -> None:
     """The header is on disk before the first tensor is produced, and each tensor is written before the next is made."""
     from gguf import GGUFValueType
 
-    from convert.writer import KV, TensorSpec, write_gguf
+    from laguna_dflash.convert.writer import KV, TensorSpec, write_gguf
 
     specs = [TensorSpec(f"t{i}", (4, 32), Q.F32) for i in range(3)]
     out = tmp_path / "s.gguf"
@@ -246,7 +246,7 @@ def test_writer_streams_one_tensor_at_a_time(tmp_path: Path) -> None:
 
 
 def test_failure_while_writing_leaves_nothing(tmp_path: Path) -> None:
-    from convert.writer import TensorSpec, write_gguf
+    from laguna_dflash.convert.writer import TensorSpec, write_gguf
 
     specs = [TensorSpec("a", (32,), Q.F32), TensorSpec("b", (32,), Q.F32)]
 

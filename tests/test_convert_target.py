@@ -11,11 +11,11 @@ import pytest
 from convert_fixtures import PRESETS, leftovers, read_gguf, run_cli, target_for
 from gguf import GGUFValueType, GGUFWriter
 
-from convert import gguf_keys as K
-from convert.converter import convert
-from convert.errors import ContractError, UserError
-from convert.synthetic import write_drafter, write_target_gguf
-from convert.target import find_llama_cpp_dir, read_target
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.converter import convert
+from laguna_dflash.convert.errors import ContractError, UserError
+from laguna_dflash.convert.synthetic import write_drafter, write_target_gguf
+from laguna_dflash.convert.target import find_llama_cpp_dir, read_target
 
 XS = PRESETS["xs"]
 
@@ -107,7 +107,7 @@ def test_hf_target_config_checks(tmp_path: Path, over: dict, vocab: int, fragmen
 
 
 def test_hf_target_pairing_is_checked(tmp_path: Path) -> None:
-    from convert.converter import prepare
+    from laguna_dflash.convert.converter import prepare
 
     step, _ = _fake_vocab_step()
     t = read_target(_hf_target_dir(tmp_path / "hf", num_hidden_layers=6), vocab_step=step)

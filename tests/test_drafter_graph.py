@@ -16,12 +16,12 @@ import gguf
 import numpy as np
 import pytest
 
-from convert import gguf_keys as K
-from convert import converter, synthetic
-from convert.target import read_target as read_target_info
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert import converter, synthetic
+from laguna_dflash.convert.target import read_target as read_target_info
 from reference.dflash_numpy import DrafterReference, DrafterWeights, load_drafter
-from runtime.drafter import Drafter
-from runtime.llama import Context, ContextParams, LlamaError, Model
+from laguna_dflash.runtime.drafter import Drafter
+from laguna_dflash.runtime.llama import Context, ContextParams, LlamaError, Model
 
 TOL = 1e-4
 Q8_REL_TOL = 0.1
@@ -104,9 +104,9 @@ BLOCK = [100, 12, 12, 12, 12, 12, 12, 12]
 def c_loader_only(monkeypatch):
     """Reach patch 0003's own refusals (defence in depth): the Python header checks that run
     before llama.cpp (convert/gguf_rules.py, tested in test_gguf_ranges.py) would answer first."""
-    import runtime.llama
+    import laguna_dflash.runtime.llama
 
-    monkeypatch.setattr(runtime.llama, "checked_header", lambda *args, **kwargs: None)
+    monkeypatch.setattr(laguna_dflash.runtime.llama, "checked_header", lambda *args, **kwargs: None)
 
 
 def test_block_logits_match_numpy_reference(target_model, drafter_files, head_and_embd):
@@ -301,8 +301,8 @@ def old_named(src: Path, dst: Path) -> Path:
 
 
 def test_a_file_with_the_old_ffn_norm_name_loads_and_drafts_the_same(target_model, drafter_files, tmp_path):
-    from convert.drafter_info import layout_problems, read_drafter_gguf
-    from runtime.pair import read_drafter
+    from laguna_dflash.convert.drafter_info import layout_problems, read_drafter_gguf
+    from laguna_dflash.runtime.pair import read_drafter
 
     old = old_named(drafter_files["f32"], tmp_path / "old.gguf")
     assert not layout_problems(read_drafter_gguf(old))
@@ -315,7 +315,7 @@ def test_a_file_with_the_old_ffn_norm_name_loads_and_drafts_the_same(target_mode
 
 @pytest.mark.usefixtures("c_loader_only")
 def test_a_file_with_both_pre_ffn_norm_names_is_refused(drafter_files, tmp_path):
-    from convert.drafter_info import layout_problems, read_drafter_gguf
+    from laguna_dflash.convert.drafter_info import layout_problems, read_drafter_gguf
 
     both = rewrite(drafter_files["f32"], tmp_path / "both.gguf",
                    add={"blk.0.ffn_norm.weight": np.ones(64, dtype=np.float32)})
@@ -413,8 +413,8 @@ def test_keys_the_generic_loader_asserts_on_fail_cleanly(drafter_files, tmp_path
 
     bad = rewrite(drafter_files["f32"], tmp_path / "bad.gguf", kv=kv)
     # the C loader alone, as c_loader_only does (the Python header checks would answer first)
-    code = ("import sys\nimport runtime.llama\nruntime.llama.checked_header = lambda *a, **k: None\n"
-            "from runtime.llama import LlamaError, Model\n"
+    code = ("import sys\nimport laguna_dflash.runtime.llama\nlaguna_dflash.runtime.llama.checked_header = lambda *a, **k: None\n"
+            "from laguna_dflash.runtime.llama import LlamaError, Model\n"
             "try:\n    Model(sys.argv[1])\nexcept LlamaError:\n    sys.exit(3)\n")
     res = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
@@ -487,7 +487,7 @@ def test_each_config_variant_matches_the_reference_at_run_time(target_model, tmp
 
 
 def test_a_full_attention_drafter_is_written_without_a_window(tmp_path, tiny_target):
-    from runtime.pair import read_drafter
+    from laguna_dflash.runtime.pair import read_drafter
 
     _, path = write_gguf_drafter(tmp_path, "full", tiny_target, layer_type="full_attention")
     kv = {k: f.contents() for k, f in gguf.GGUFReader(str(path)).fields.items()}
@@ -516,7 +516,7 @@ def test_without_a_window_the_runtime_keeps_every_context_row(target_model, tmp_
 def test_without_a_window_every_plain_step_reads_its_row_for_the_drafter(tiny_target, tmp_path):
     """The engine's capture horizon (plain steps before a draft whose rows the drafter reads)
     covers the whole sequence when the drafter has no window, and at most the window otherwise."""
-    from runtime.engine import Engine, EngineConfig
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
 
     _, full = write_gguf_drafter(tmp_path, "full", tiny_target, layer_type="full_attention")
     _, windowed = write_gguf_drafter(tmp_path, "w", tiny_target, sliding_window=24)

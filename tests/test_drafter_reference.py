@@ -28,9 +28,9 @@ from tests.reference.dflash_numpy import (  # noqa: E402
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
 
-from convert.checkpoint import expected_tensors  # noqa: E402
-from convert.errors import ContractError  # noqa: E402
-from runtime.torch_drafter import LagunaDFlashDrafter  # noqa: E402
+from laguna_dflash.convert.checkpoint import expected_tensors  # noqa: E402
+from laguna_dflash.convert.errors import ContractError  # noqa: E402
+from laguna_dflash.runtime.torch_drafter import LagunaDFlashDrafter  # noqa: E402
 
 H, I, NH, NKV, HD, VOCAB, WINDOW = 64, 128, 4, 2, 16, 97, 8
 TARGET_IDS = [0, 2, 3]
@@ -438,7 +438,7 @@ def test_norm_and_rope_follow_transformers_laguna():
 
 def test_rope_parameters_resolution():
     """vLLM's precedence: swa_rope_parameters > rope_parameters > top-level rope_theta (torch agrees)."""
-    from runtime.torch_drafter import parse_drafter_config
+    from laguna_dflash.runtime.torch_drafter import parse_drafter_config
     from tests.reference.dflash_numpy import DrafterConfig
 
     def theta(cfg):

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convert import converter, synthetic
-from convert.target import read_target as read_target_info
-from runtime.cli import main as cli_main
-from runtime.engine import Engine, EngineConfig, GenerateOptions
-from runtime.llama import Model
-from runtime.sampling import SamplingParams
-from runtime.tuner import DepthPolicy
+from laguna_dflash.convert import converter, synthetic
+from laguna_dflash.convert.target import read_target as read_target_info
+from laguna_dflash.runtime.cli import main as cli_main
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.runtime.llama import Model
+from laguna_dflash.runtime.sampling import SamplingParams
+from laguna_dflash.runtime.tuner import DepthPolicy
 
 WINDOW = 24
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType as T
 
-from convert import gguf_keys as K
-from convert.errors import UserError
-from convert.gguf_header import read_header
-from convert.gguf_rules import ARCH_RULES, MODEL_RULES, header_problems
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.errors import UserError
+from laguna_dflash.convert.gguf_header import read_header
+from laguna_dflash.convert.gguf_rules import ARCH_RULES, MODEL_RULES, header_problems
 from convert_fixtures import run_cli
 from gguf_mutate import Source
-from runtime import assets
+from laguna_dflash.runtime import assets
 
 REPO = Path(__file__).resolve().parent.parent
 EPS = "attention.layer_norm_rms_epsilon"
@@ -48,9 +48,9 @@ def mutated(sources, tmp_path, role: str, key: str, vtype: T, value, sub_type=No
 
 LOAD = """
 import json, sys
-from convert.errors import UserError
-from runtime.cli import main
-from runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.convert.errors import UserError
+from laguna_dflash.runtime.cli import main
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 target, drafter = sys.argv[1], sys.argv[2]
 try:
     with Engine.load(target, drafter, EngineConfig(n_ctx=256, n_threads=1)) as e:

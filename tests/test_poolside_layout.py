@@ -13,13 +13,13 @@ from convert_fixtures import read_gguf, run_cli
 from gguf import GGMLQuantizationType
 from poolside_fixture import write_poolside_gguf
 
-from convert import gguf_keys as K
-from convert import converter, mapping
-from convert.poolside import native_drafter_path, prepare
-from convert.quantize import OutType
-from convert.target import read_target
-from runtime import assets
-from runtime.cli import main
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert import converter, mapping
+from laguna_dflash.convert.poolside import native_drafter_path, prepare
+from laguna_dflash.convert.quantize import OutType
+from laguna_dflash.convert.target import read_target
+from laguna_dflash.runtime import assets
+from laguna_dflash.runtime.cli import main
 
 HF, TARGET = assets.TINY_DRAFTER_HF, assets.TINY_TARGET
 PROMPT = assets.read_prompts(assets.CODE_PROMPTS)[0]

@@ -24,10 +24,10 @@ import statistics
 
 import pytest
 
-from runtime import assets
-from runtime.replay import (Judgement, Recording, choice_quality, judge, judge_stream, prompt_order,
+from laguna_dflash.runtime import assets
+from laguna_dflash.runtime.replay import (Judgement, Recording, choice_quality, judge, judge_stream, prompt_order,
                             ratio_over_repeats, repeat_interval, replay, settle_round)
-from runtime.tuner import AutoDepth, DepthPolicy, FixedDepth
+from laguna_dflash.runtime.tuner import AutoDepth, DepthPolicy, FixedDepth
 
 RECORDINGS = {"busy": assets.TINY_DIR / "replay.json", "calm": assets.TINY_DIR / "replay-calm.json",
               "gpu": assets.TINY_DIR / "replay-cuda.json", "stair": assets.TINY_DIR / "replay-stair.json"}

@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from convert import gguf_keys as K  # noqa: E402
-from convert import model_card, upload as up  # noqa: E402
-from convert.errors import UserError  # noqa: E402
-from convert.model_card import BenchResults, BenchRow, GGUFInfo, build_model_card, pair_target, parse_bench  # noqa: E402
+from laguna_dflash.convert import gguf_keys as K  # noqa: E402
+from laguna_dflash.convert import model_card, upload as up  # noqa: E402
+from laguna_dflash.convert.errors import UserError  # noqa: E402
+from laguna_dflash.convert.model_card import BenchResults, BenchRow, GGUFInfo, build_model_card, pair_target, parse_bench  # noqa: E402
 from tests.hub_standin import HubStandIn  # noqa: E402
 
 # Deliberately not shaped like a real token (hf_...), so only exact-token scrubbing can hide it.
@@ -532,7 +532,7 @@ def test_end_to_end_in_a_fresh_process(hub, drafter, tmp_path):
 
     script = (
         "import sys, typer\n"
-        "from convert import upload\n"
+        "from laguna_dflash.convert import upload\n"
         "app = typer.Typer()\n"
         "upload.register(app)\n"
         "app.command('noop')(lambda: None)\n"

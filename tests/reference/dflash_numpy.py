@@ -27,7 +27,7 @@ DFlash specifics (vLLM ``laguna_dflash.py`` semantics):
   ``p`` sees a key at position ``j`` iff ``j <= p`` and ``p - j < sliding_window``
   (this also makes the block causal). Full-attention layers drop the second condition.
 * the config and the checkpoint's key set are read by the converter's contract
-  (:mod:`convert.checkpoint`), so this reference cannot read a config differently from it.
+  (:mod:`laguna_dflash.convert.checkpoint`), so this reference cannot read a config differently from it.
 
 Public API: :func:`load_drafter`, :class:`DrafterWeights`, :class:`DrafterReference`.
 """
@@ -43,8 +43,8 @@ from typing import Sequence
 
 import numpy as np
 
-from convert.checkpoint import DrafterConfig as CheckpointConfig
-from convert.checkpoint import parse_config, sanitize_keys
+from laguna_dflash.convert.checkpoint import DrafterConfig as CheckpointConfig
+from laguna_dflash.convert.checkpoint import parse_config, sanitize_keys
 
 #: The dtype of every computation in this module.
 DTYPE = np.float64
@@ -147,7 +147,7 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "DrafterConfig":
-        """The config as the converter parses it (``convert.checkpoint``: SPEC §2, vLLM's semantics)."""
+        """The config as the converter parses it (``laguna_dflash.convert.checkpoint``: SPEC §2, vLLM's semantics)."""
         c = parse_config(cfg, Path("config.json"))
         return cls(
             hidden_size=c.hidden_size,
