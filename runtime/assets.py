@@ -8,11 +8,10 @@ from pathlib import Path
 from ..convert.errors import UserError
 
 PACKAGE = Path(__file__).resolve().parent
-REPO = PACKAGE.parent
 TINY_DIR = PACKAGE / "assets" / "laguna-tiny"
 TINY_TARGET = TINY_DIR / "Laguna-Tiny-target-Q8_0.gguf"
 TINY_DRAFTER_HF = TINY_DIR / "Laguna-Tiny-DFlash"
-PROMPTS_DIR = REPO / "scripts" / "prompts"
+PROMPTS_DIR = PACKAGE / "assets" / "prompts"
 CODE_PROMPTS = PROMPTS_DIR / "code.txt"
 
 

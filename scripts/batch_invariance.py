@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 BATCH_SIZES = (2, 3, 5, 8, 9, 16)
 

@@ -34,10 +34,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from scripts.recorded import command_line  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 
 def degraded_drafter(mix: float, seed: int = 0) -> Path:
@@ -76,7 +74,7 @@ def degraded_drafter(mix: float, seed: int = 0) -> Path:
 
 def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, repeats: int, progress, task) -> dict:
     from laguna_dflash.runtime.engine import GenerateOptions
-    from laguna_dflash.runtime.replay import GOOD_FRACTION, choice_quality, ratio_over_repeats, repeat_interval, settle_round
+    from tuning.replay import GOOD_FRACTION, choice_quality, ratio_over_repeats, repeat_interval, settle_round
     from laguna_dflash.runtime.tuner import AutoDepth
 
     rounds, accepted = defaultdict(int), defaultdict(int)

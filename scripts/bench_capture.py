@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def engine_plain(placement, prompt: list[int], n: int) -> dict[str, float]:

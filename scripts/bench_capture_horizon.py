@@ -27,11 +27,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from laguna_dflash.runtime.tuner import DepthPolicy  # noqa: E402
-from scripts.recorded import command_line  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 
 class StretchThenVisit(DepthPolicy):
@@ -115,7 +113,7 @@ def main(argv=None) -> int:
 
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.engine import Engine, EngineConfig
-    from scripts.bench_autotune import degraded_drafter
+    from bench_autotune import degraded_drafter
 
     console = Console()
     rows = [int(r) for r in args.rows.split(",")]

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from laguna_dflash.convert.synthetic import XS_2_1, write_drafter, write_target_gguf  # noqa: E402
 

@@ -22,11 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from scripts.check_ik_interop import vendored_bin_dir  # noqa: E402
-from scripts.recorded import command_line  # noqa: E402
+from check_ik_interop import vendored_bin_dir  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 
 def llama_bench(bin_dir: Path, target: Path, n: int, depth: int, threads: int, extra: list[str]) -> float:

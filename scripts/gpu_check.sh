@@ -78,12 +78,11 @@ from laguna_dflash.runtime.placement import gpu_available
 import llama_cpp; print('llama_cpp', llama_cpp.__version__, 'gpu', gpu_available())
 assert gpu_available(), 'the CUDA build sees no GPU'" || exit 1
 stage cuda 150 "$py" -m pytest -q -s -rA -p no:cacheprovider tests/test_cuda.py
-stage offload 45 "$py" - <<'EOF'
+stage offload 45 env PYTHONPATH=scripts "$py" - <<'EOF'
 import os, sys
 from pathlib import Path
 import numpy as np
-sys.path.insert(0, "scripts")
-import tiny_target as gen
+from training import tiny_target as gen
 from laguna_dflash.runtime.llama import Context, ContextParams, Model
 out = Path(os.environ["LAGUNA_DFLASH_CACHE"]) / "fixtures" / f"tiny-target-{gen.generator_fingerprint()}"
 if not (out / "fingerprint").exists():
@@ -106,7 +105,7 @@ stage invariance 90 "$py" scripts/batch_invariance.py --device cuda --model runt
 stage capture 30 "$py" scripts/bench_capture.py --device cuda --json "$out/capture-cuda.json"
 stage suite 200 "$py" -m pytest -q -p no:cacheprovider tests
 stage sweep 120 "$py" -m laguna_dflash.runtime.cli bench --sweep --device cuda -n 64 --json "$out/sweep-cuda.json" --png "$out/sweep-cuda.png"
-stage record 150 "$py" scripts/record_acceptance.py --device cuda --lengths-from runtime/assets/laguna-tiny/replay.json \
+stage record 150 "$py" scripts/record_acceptance.py --device cuda --lengths-from scripts/tuning/recordings/replay.json \
     --out "$out/replay-cuda.json"
 stage autotune 150 "$py" scripts/bench_autotune.py --device cuda --workloads code,degraded --repeats 1 ${AUTOTUNE_ARGS:-} \
     --json "$out/autotune-cuda.json" --png "$out/autotune-cuda.png"

@@ -1,13 +1,13 @@
 """Record what a depth tuner faces on the laguna-tiny pair, so tuners can be replayed offline.
 
-    python scripts/record_acceptance.py --out runtime/assets/laguna-tiny/replay.json
-    python scripts/record_acceptance.py --device cuda --lengths-from runtime/assets/laguna-tiny/replay.json \
+    python scripts/record_acceptance.py --out scripts/tuning/recordings/replay.json
+    python scripts/record_acceptance.py --device cuda --lengths-from scripts/tuning/recordings/replay.json \
         --out replay-cuda.json     # another clock (here a GPU's) for the same content
 
 Live benchmarks of ``--n-max auto`` on this 2-core machine move by 2-4% between runs, the size
 of the margins being tuned. A replay removes that noise: the drafter's acceptance is a property
 of the content, not of the clock, so it is recorded once, position by position, and the clock is
-recorded once as a cost table. ``runtime/replay.py`` then plays any depth policy against both.
+recorded once as a cost table. ``scripts/tuning/replay.py`` then plays any depth policy against both.
 
 - **Match lengths**: for every prompt of a workload and every position t of its greedy output,
   how many of the drafter's 15 proposals from t agree with the target's greedy continuation
@@ -33,11 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 from laguna_dflash.runtime.tuner import DepthPolicy  # noqa: E402
-from scripts.recorded import command_line  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 
 class Scripted(DepthPolicy):
@@ -193,7 +191,7 @@ def main(argv=None) -> int:
     from laguna_dflash.runtime.engine import Engine, EngineConfig
     from laguna_dflash.runtime.llama import Model
     from laguna_dflash.runtime.placement import resolve
-    from scripts.bench_autotune import degraded_drafter
+    from bench_autotune import degraded_drafter
 
     placement = resolve(args.device)
     config = EngineConfig(n_ctx=2048, n_gpu_layers_draft=placement.n_gpu_layers_draft)

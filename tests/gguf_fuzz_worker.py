@@ -21,10 +21,6 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
 from gguf_mutate import Source  # noqa: E402
 
 PROMPT = "def add(a, b):"

@@ -24,7 +24,7 @@ from laguna_dflash.convert.target import read_target
 from laguna_dflash.runtime.assets import TINY_DRAFTER_HF
 
 torch = pytest.importorskip("torch")
-from laguna_dflash.runtime.torch_drafter import LagunaDFlashDrafter  # noqa: E402
+from training.torch_drafter import LagunaDFlashDrafter  # noqa: E402
 
 HEAD_DIM = TINY_XS["head_dim"]
 

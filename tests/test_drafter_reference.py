@@ -7,17 +7,12 @@ model.safetensors) with random, non-unit norm weights so that any norm mix-up sh
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tests.reference.dflash_numpy import (  # noqa: E402
+from reference.dflash_numpy import (  # noqa: E402
     DrafterReference,
     DrafterWeights,
     load_drafter,
@@ -30,7 +25,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from laguna_dflash.convert.checkpoint import expected_tensors  # noqa: E402
 from laguna_dflash.convert.errors import ContractError  # noqa: E402
-from laguna_dflash.runtime.torch_drafter import LagunaDFlashDrafter  # noqa: E402
+from training.torch_drafter import LagunaDFlashDrafter  # noqa: E402
 
 H, I, NH, NKV, HD, VOCAB, WINDOW = 64, 128, 4, 2, 16, 97, 8
 TARGET_IDS = [0, 2, 3]
@@ -438,8 +433,8 @@ def test_norm_and_rope_follow_transformers_laguna():
 
 def test_rope_parameters_resolution():
     """vLLM's precedence: swa_rope_parameters > rope_parameters > top-level rope_theta (torch agrees)."""
-    from laguna_dflash.runtime.torch_drafter import parse_drafter_config
-    from tests.reference.dflash_numpy import DrafterConfig
+    from training.torch_drafter import parse_drafter_config
+    from reference.dflash_numpy import DrafterConfig
 
     def theta(cfg):
         a, b = DrafterConfig.from_dict(cfg).rope_theta, parse_drafter_config(cfg).rope_theta
@@ -462,7 +457,7 @@ def test_rope_parameters_resolution():
 
 
 def test_rope_parameters_of_full_attention_layers_ignore_the_swa_ones():
-    from tests.reference.dflash_numpy import DrafterConfig
+    from reference.dflash_numpy import DrafterConfig
 
     full = dict(make_config(), layer_types=["full_attention"] * 2,
                 swa_rope_parameters={"rope_theta": 2e4, "partial_rotary_factor": 0.5},

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -450,7 +451,7 @@ def test_laguna_run_serve_starts_answers_and_stops_on_ctrl_c(tmp_path):
     template.write_text(TEMPLATE)
     proc = subprocess.Popen([sys.executable, "-m", "laguna_dflash.runtime.cli", "serve", "--port", "0", "-c", "1024", "-t", "1",
                              "--chat-template-file", str(template), "--api-key", "sekret-xyz"],
-                            stderr=subprocess.PIPE, text=True, cwd=assets.REPO)
+                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stderr], daemon=True).start()
     seen = []

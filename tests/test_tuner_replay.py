@@ -25,12 +25,12 @@ import statistics
 import pytest
 
 from laguna_dflash.runtime import assets
-from laguna_dflash.runtime.replay import (Judgement, Recording, choice_quality, judge, judge_stream, prompt_order,
+from tuning.replay import (RECORDED, Judgement, Recording, choice_quality, judge, judge_stream, prompt_order,
                             ratio_over_repeats, repeat_interval, replay, settle_round)
 from laguna_dflash.runtime.tuner import AutoDepth, DepthPolicy, FixedDepth
 
-RECORDINGS = {"busy": assets.TINY_DIR / "replay.json", "calm": assets.TINY_DIR / "replay-calm.json",
-              "gpu": assets.TINY_DIR / "replay-cuda.json", "stair": assets.TINY_DIR / "replay-stair.json"}
+RECORDINGS = {"busy": RECORDED / "replay.json", "calm": RECORDED / "replay-calm.json",
+              "gpu": RECORDED / "replay-cuda.json", "stair": RECORDED / "replay-stair.json"}
 SEEDS = 12
 
 
@@ -154,7 +154,7 @@ def test_drift_makes_successive_rounds_alike_without_widening_the_spread(rec):
     import dataclasses
     import math
 
-    from scripts.record_acceptance import Scripted  # a fixed depth that keeps every round's report
+    from record_acceptance import Scripted  # a fixed depth that keeps every round's report
 
     flat = Recording(**{**rec.__dict__, "round_s": [1.0] * 16, "plain_skip_s": 1.0, "depth_change_s": 0.0,
                         "catchup_s": 0.0, "catchup_per_row_s": 0.0})
@@ -187,7 +187,7 @@ def test_the_recorder_measures_drift_from_the_round_times():
 
     import numpy as np
 
-    from scripts.record_acceptance import drift
+    from record_acceptance import drift
 
     rng = np.random.default_rng(0)
     runs, flat = [], []

@@ -14,15 +14,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 from laguna_dflash.convert import gguf_keys as K  # noqa: E402
 from laguna_dflash.convert import model_card, upload as up  # noqa: E402
 from laguna_dflash.convert.errors import UserError  # noqa: E402
 from laguna_dflash.convert.model_card import BenchResults, BenchRow, GGUFInfo, build_model_card, pair_target, parse_bench  # noqa: E402
-from tests.hub_standin import HubStandIn  # noqa: E402
+from hub_standin import HubStandIn  # noqa: E402
 
 # Deliberately not shaped like a real token (hf_...), so only exact-token scrubbing can hide it.
 TOKEN = "standin-secret-7f3a9c2e41"
@@ -538,7 +534,7 @@ def test_end_to_end_in_a_fresh_process(hub, drafter, tmp_path):
         "app.command('noop')(lambda: None)\n"
         "app(sys.argv[1:])\n"
     )
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     run = subprocess.run(
         [sys.executable, "-c", script, "upload", "me/fresh", str(drafter)],
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,

@@ -33,12 +33,12 @@ try:
     from torch import Tensor, nn
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "runtime.torch_drafter needs PyTorch (pip install 'laguna-dflash[test]'); "
-        "the inference runtime does not import this module"
+        "training.torch_drafter needs PyTorch (pip install 'laguna-dflash[test]'); "
+        "laguna-run does not import this module"
     ) from exc
 
-from ..convert.checkpoint import DrafterConfig, expected_tensors, parse_config, sanitize_keys
-from ..convert.errors import ContractError
+from laguna_dflash.convert.checkpoint import DrafterConfig, expected_tensors, parse_config, sanitize_keys
+from laguna_dflash.convert.errors import ContractError
 
 __all__ = [
     "LagunaDFlashDrafter",
