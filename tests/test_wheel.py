@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -28,8 +29,12 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_wheel_of_the_repository_runs_the_bundled_pair_in_a_fresh_venv(tmp_path):
+    # built from a copy: an in-tree build leaves build/ behind, whose stale files a later wheel would carry
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                                              "__pycache__", ".pytest_cache", ".cache", ".gpu"))
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", REPO, "--no-deps", "--no-build-isolation", "-q", "-w", dist])
+    _run([sys.executable, "-m", "pip", "wheel", src, "--no-deps", "--no-build-isolation", "-q", "-w", dist])
     (ours,) = dist.glob("laguna_dflash-*.whl")
     llama = Path(_run([sys.executable, REPO / "scripts" / "build_wheel.py", "--wheel-path"]).stdout.split()[-1])
     assert llama.is_file()
