@@ -62,7 +62,7 @@ def match_lengths(engine, prompt: str, n_predict: int) -> list[int]:
     prompt_tokens = engine.tokenize(prompt)
     rows = prompt_tokens + greedy[:-1]  # the last token is never context for a draft
     engine.reset()
-    engine._set_capture(True)
+    engine.drafter.set_capture(True)
     drafter, ctx = engine.drafter, engine.ctx
     feats = []
     for i0 in range(0, len(rows), ctx.n_batch):
