@@ -11,11 +11,13 @@ Every violation raises :class:`~convert.errors.ContractError`, whose message is 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import gguf_keys as K
 from .errors import ContractError, UserError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -24,15 +26,34 @@ if TYPE_CHECKING:  # pragma: no cover
 MODEL_TYPE = "laguna"
 ARCHITECTURE = "DFlashLagunaForCausalLM"
 SLIDING = "sliding_attention"
-GATING = "per-head"
+FULL = "full_attention"
+LAYER_TYPES = (SLIDING, FULL)
+#: ``gating`` as vLLM accepts it -> the mode it means (``True`` and an absent field: per-head).
+GATING_ALIASES: tuple[tuple[Any, str], ...] = (
+    (True, K.GATING_PER_HEAD), (K.GATING_PER_HEAD, K.GATING_PER_HEAD),
+    (K.GATING_PER_ELEMENT, K.GATING_PER_ELEMENT),
+    (False, K.GATING_DISABLED), (K.GATING_DISABLED, K.GATING_DISABLED),
+)
 BLOCK_SIZE_RANGE = (2, 512)
 WINDOW_RANGE = (2, 1 << 20)
+#: llama.cpp's LLAMA_MAX_LAYERS: a drafter with more layers cannot load.
+MAX_LAYERS = 512
+#: 8x the published drafters' 128; llama.cpp's loader refuses more (patch 0003).
+HEAD_DIM_RANGE = (2, 1024)
+#: ik_llama.cpp keeps the captured layer ids in an array of 8.
+IK_MAX_TARGET_LAYERS = 8
+#: What a GGUF uint32 key holds.
+U32_MAX = (1 << 32) - 1
 DEFAULT_CONTEXT_LENGTH = 262144
 
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    """A validated Laguna DFlash drafter config. Every layer is sliding-window, causal, per-head gated."""
+    """A validated Laguna DFlash drafter config: causal, every layer of one type (sliding or full).
+
+    ``sliding_window`` is None for full attention; ``rotary_dims`` is None when RoPE rotates
+    every head dim (else the first ``rotary_dims`` of each head, NeoX pairing within them).
+    """
 
     source: Path  # the config.json it came from (named in error messages)
     hidden_size: int
@@ -51,6 +72,8 @@ class DrafterConfig:
     num_target_layers: int
     target_layer_ids: tuple[int, ...]
     name_or_path: str | None = None
+    gating: str = K.GATING_DEFAULT
+    rotary_dims: int | None = None
 
     @property
     def q_rows(self) -> int:
@@ -73,7 +96,27 @@ class DrafterConfig:
 
     @property
     def layer_types(self) -> tuple[str, ...]:
-        return (SLIDING,) * self.num_hidden_layers
+        return (SLIDING if self.sliding_window is not None else FULL,) * self.num_hidden_layers
+
+    @property
+    def rope_dimension_count(self) -> int:
+        return self.head_dim if self.rotary_dims is None else self.rotary_dims
+
+    @property
+    def gate_rows(self) -> int:
+        """Rows of ``g_proj``: one per head, one per attention output element, or none."""
+        return {K.GATING_PER_HEAD: self.num_attention_heads, K.GATING_PER_ELEMENT: self.q_rows,
+                K.GATING_DISABLED: 0}[self.gating]
+
+    def runtimes(self) -> tuple[str, ...]:
+        """The runtimes that load a drafter of this config.
+
+        ik_llama.cpp's loader wants a per-head ``attn_gate`` and at most 8 captured layers
+        (``create_dflash_tensors``, ``load_dflash_target_layer_ids``); it runs partial RoPE
+        (``rope.dimension_count``) and no window (it then sees its ``cross_ctx`` last rows).
+        """
+        ik = self.gating == K.GATING_PER_HEAD and len(self.target_layer_ids) <= IK_MAX_TARGET_LAYERS
+        return ("laguna-run", "ik_llama.cpp") if ik else ("laguna-run",)
 
     def n_parameters(self) -> int:
         total = 0
@@ -88,10 +131,27 @@ class DrafterConfig:
 # --------------------------------------------------------------------------- parsing
 
 
+class _BeyondDouble(float):
+    """A JSON number too large for a double (``1e400`` reads as inf): kept as the user wrote it."""
+
+    literal: str
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if math.isfinite(value):
+        return value
+    out = _BeyondDouble(value)
+    out.literal = text
+    return out
+
+
 def _show(v: Any) -> str:
     """A found value as the user wrote it in JSON (short)."""
     if v is _MISSING:
         return "nothing (field absent)"
+    if isinstance(v, _BeyondDouble):
+        return f"{v.literal} (beyond a double)"
     try:
         text = json.dumps(v)
     except (TypeError, ValueError):
@@ -100,6 +160,22 @@ def _show(v: Any) -> str:
 
 
 _MISSING = object()
+
+
+def _first_non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """The first number in a JSON value that is not finite (``Infinity``, ``NaN``, ``1e400``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    if isinstance(value, Mapping):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for sub_path, sub in items:
+        if (found := _first_non_finite(sub, sub_path)) is not None:
+            return found
+    return None
 
 
 class _Reader:
@@ -114,7 +190,7 @@ class _Reader:
     def get(self, field: str, default: Any = _MISSING) -> Any:
         return self.raw.get(field, default)
 
-    def int(self, field: str, lo: int | None = 1, hi: int | None = None, default: Any = _MISSING) -> int:
+    def int(self, field: str, lo: int | None = 1, hi: int | None = U32_MAX, default: Any = _MISSING) -> int:
         v = self.raw.get(field, default)
         ok = isinstance(v, int) and not isinstance(v, bool)
         ok = ok and (lo is None or v >= lo) and (hi is None or v <= hi)
@@ -130,8 +206,8 @@ class _Reader:
 
     def float(self, field: str, default: Any = _MISSING) -> float:
         v = self.raw.get(field, default)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
-            raise self.fail(field, "a positive number", v)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
+            raise self.fail(field, "a positive finite number", v)
         return float(v)
 
     def equal(self, field: str, want: Any) -> None:
@@ -144,9 +220,14 @@ def parse_config(raw: Mapping[str, Any], source: Path | str) -> DrafterConfig:
     """Check a drafter ``config.json`` (already parsed) against SPEC §2 and return its typed view.
 
     Only the rules that need no target are checked here; :func:`check_pair` does the rest.
+    The semantics are vLLM's (``laguna_dflash.py``), which the published drafters are served with.
     """
     source = Path(source)
     r = _Reader(raw, source)
+
+    # one rule for every number, read or not: a NaN or an overflowed literal is a broken file
+    if (bad := _first_non_finite(raw, "")) is not None:
+        raise r.fail(bad[0], "a finite number", bad[1])
 
     r.equal("model_type", MODEL_TYPE)
     archs = r.get("architectures")
@@ -155,26 +236,27 @@ def parse_config(raw: Mapping[str, Any], source: Path | str) -> DrafterConfig:
 
     hidden = r.int("hidden_size")
     inter = r.int("intermediate_size")
-    n_layer = r.int("num_hidden_layers")
+    n_layer = r.int("num_hidden_layers", 1, MAX_LAYERS)
     n_head = r.int("num_attention_heads")
     n_kv = r.int("num_key_value_heads")
     if n_head % n_kv:
         raise r.fail("num_key_value_heads", f"a divisor of num_attention_heads ({n_head})", n_kv)
     if "head_dim" in raw and raw["head_dim"] is not None:
-        head_dim = r.int("head_dim")
-    elif hidden % n_head == 0:
+        head_dim = r.int("head_dim", *HEAD_DIM_RANGE)
+    elif hidden % n_head == 0 and HEAD_DIM_RANGE[0] <= hidden // n_head <= HEAD_DIM_RANGE[1]:
         head_dim = hidden // n_head
     else:
-        raise r.fail("head_dim", f"a value (hidden_size {hidden} is not a multiple of {n_head} heads)", _MISSING)
+        raise r.fail("head_dim", f"a value in {HEAD_DIM_RANGE[0]}..{HEAD_DIM_RANGE[1]} (hidden_size {hidden} "
+                     f"/ {n_head} heads does not give one)", _MISSING)
+    if n_head * head_dim > U32_MAX:
+        raise r.fail("num_attention_heads", f"at most {U32_MAX // head_dim} heads of {head_dim} dims", n_head)
     eps = r.float("rms_norm_eps")
     vocab = r.int("vocab_size")
     draft_vocab = r.get("draft_vocab_size", vocab)
     if draft_vocab != vocab:
         raise r.fail("draft_vocab_size", f"{vocab} (= vocab_size)", draft_vocab)
 
-    gating = r.get("gating")
-    if gating != GATING:
-        raise r.fail("gating", _show(GATING), gating)
+    gating = _gating(r)
     experts = r.get("num_experts", 0)
     if experts not in (0, None) or isinstance(experts, bool):
         raise r.fail("num_experts", "0 (the drafter is dense)", experts)
@@ -182,26 +264,9 @@ def parse_config(raw: Mapping[str, Any], source: Path | str) -> DrafterConfig:
     if bias is not False:
         raise r.fail("attention_bias", "false", bias)
 
-    types = r.get("layer_types")
-    if not isinstance(types, list) or len(types) != n_layer:
-        raise r.fail("layer_types", f"a list of {n_layer} {_show(SLIDING)}", types)
-    for i, t in enumerate(types):
-        if t != SLIDING:
-            raise r.fail(f"layer_types[{i}]", _show(SLIDING), t)
-
-    window = r.int("sliding_window", *WINDOW_RANGE)
-    windows = raw.get("sliding_windows")
-    if windows is not None:
-        if not isinstance(windows, list) or len(windows) != n_layer:
-            raise r.fail("sliding_windows", f"a list of {n_layer} windows (or no field)", windows)
-        lo, hi = WINDOW_RANGE
-        for i, w in enumerate(windows):
-            if isinstance(w, bool) or not isinstance(w, int) or not lo <= w <= hi:
-                raise r.fail(f"sliding_windows[{i}]", f"an integer in {lo}..{hi}", w)
-            if w != window:
-                raise r.fail(f"sliding_windows[{i}]", f"{window} (= sliding_window; the GGUF has one window)", w)
-
-    rope_theta = _rope_theta(r, raw)
+    layer_type = _layer_type(r, n_layer)
+    window = _window(r, n_layer) if layer_type == SLIDING else None
+    rope_theta, rotary_dims = _rope(r, layer_type, head_dim)
     ctx_len = r.int("max_position_embeddings", default=DEFAULT_CONTEXT_LENGTH)
 
     dflash = r.get("dflash_config")
@@ -212,7 +277,7 @@ def parse_config(raw: Mapping[str, Any], source: Path | str) -> DrafterConfig:
     d = _Reader(dflash, source, "dflash_config.")
     block_size = d.int("block_size", *BLOCK_SIZE_RANGE)
     mask_id = d.int("mask_token_id", 0, vocab - 1)
-    n_target = d.int("num_target_layers")
+    n_target = d.int("num_target_layers", 1, MAX_LAYERS)
     ids = d.get("target_layer_ids")
     if not isinstance(ids, list) or not ids:
         raise d.fail("target_layer_ids", "a non-empty list of target layer ids", ids)
@@ -221,6 +286,9 @@ def parse_config(raw: Mapping[str, Any], source: Path | str) -> DrafterConfig:
             raise d.fail(f"target_layer_ids[{i}]", f"a layer id in 0..{n_target - 1} (num_target_layers {n_target})", t)
         if i and t <= ids[i - 1]:
             raise d.fail("target_layer_ids", "strictly increasing ids", ids)
+    if len(ids) * hidden > U32_MAX:
+        raise r.fail("hidden_size", f"at most {U32_MAX // len(ids)} ({len(ids)} captured layers of it feed fc)",
+                     hidden)
     causal = d.get("causal")
     if causal is not True:
         raise d.fail("causal", "true", causal)
@@ -244,17 +312,76 @@ def parse_config(raw: Mapping[str, Any], source: Path | str) -> DrafterConfig:
         num_target_layers=n_target,
         target_layer_ids=tuple(ids),
         name_or_path=name if isinstance(name, str) and name else None,
+        gating=gating,
+        rotary_dims=rotary_dims,
     )
 
 
-def _rope_theta(r: _Reader, raw: Mapping[str, Any]) -> float:
-    """Plain RoPE only: ``rope_theta``, or a ``rope_parameters`` / ``rope_scaling`` of type default."""
-    params = raw.get("rope_parameters")
-    if isinstance(params, Mapping) and SLIDING in params and isinstance(params[SLIDING], Mapping):
-        params, field = params[SLIDING], f"rope_parameters.{SLIDING}"
+def _gating(r: _Reader) -> str:
+    """vLLM's gating field: absent or ``true`` is per-head, ``false`` is disabled."""
+    gating = r.get("gating", True)
+    for alias, mode in GATING_ALIASES:
+        if gating == alias and type(gating) is type(alias):
+            return mode
+    raise r.fail("gating", 'one of true, "per-head", "per-element", false, "disabled"', gating)
+
+
+def _layer_type(r: _Reader, n_layer: int) -> str:
+    """The one attention type of every layer (vLLM refuses a drafter that mixes them)."""
+    types = r.get("layer_types")
+    if not isinstance(types, list) or len(types) != n_layer:
+        raise r.fail("layer_types", f"a list of {n_layer} layer types ({_show(SLIDING)} or {_show(FULL)})", types)
+    for i, t in enumerate(types):
+        if t not in LAYER_TYPES:
+            raise r.fail(f"layer_types[{i}]", f"{_show(SLIDING)} or {_show(FULL)}", t)
+    if len(set(types)) > 1:
+        raise r.fail("layer_types", f"one type for every layer (all {_show(SLIDING)} or all {_show(FULL)}; "
+                     "the drafter cannot mix them)", types)
+    return types[0]
+
+
+def _window(r: _Reader, n_layer: int) -> int:
+    window = r.int("sliding_window", *WINDOW_RANGE)
+    windows = r.get("sliding_windows", None)
+    if windows is not None:
+        if not isinstance(windows, list) or len(windows) != n_layer:
+            raise r.fail("sliding_windows", f"a list of {n_layer} windows (or no field)", windows)
+        lo, hi = WINDOW_RANGE
+        for i, w in enumerate(windows):
+            if isinstance(w, bool) or not isinstance(w, int) or not lo <= w <= hi:
+                raise r.fail(f"sliding_windows[{i}]", f"an integer in {lo}..{hi}", w)
+            if w != window:
+                raise r.fail(f"sliding_windows[{i}]", f"{window} (= sliding_window; the GGUF has one window)", w)
+    return window
+
+
+def _rope(r: _Reader, layer_type: str, head_dim: int) -> tuple[float, int | None]:
+    """RoPE base and rotated dims of the drafter's layers, resolved as vLLM's ``_resolve_rope_params``.
+
+    The parameters are ``swa_rope_parameters`` (sliding layers only), else ``rope_parameters``:
+    a flat object, or one nested by layer type (this type's, falling back to ``full_attention``'s).
+    A ``rope_theta`` or ``partial_rotary_factor`` they lack comes from the top level. Only plain
+    RoPE is supported (``rope_type`` default), which is what every published drafter uses.
+    """
+    top = r.get("rope_parameters", None)
+    if top is not None and not isinstance(top, Mapping):
+        raise r.fail("rope_parameters", "an object (or no field)", top)
+    top = top or {}
+    if any(isinstance(v, Mapping) for v in top.values()):
+        name = layer_type if top.get(layer_type) else FULL
+        params, field = top.get(name) or {}, f"rope_parameters.{name}"
+        if not isinstance(params, Mapping):
+            raise r.fail(field, "an object", params)
     else:
-        field = "rope_parameters"
-    for name, block in ((field, params), ("rope_scaling", raw.get("rope_scaling"))):
+        params, field = top, "rope_parameters"
+    swa = r.get("swa_rope_parameters", None)
+    if layer_type == SLIDING and swa is not None:
+        if not isinstance(swa, Mapping):
+            raise r.fail("swa_rope_parameters", "an object (or no field)", swa)
+        params, field = swa, "swa_rope_parameters"
+
+    legacy = r.get("rope_scaling", None)
+    for name, block in ((field, params), ("rope_scaling", legacy)):
         if block is None:
             continue
         if not isinstance(block, Mapping):
@@ -262,14 +389,25 @@ def _rope_theta(r: _Reader, raw: Mapping[str, Any]) -> float:
         kind = block.get("rope_type", block.get("type", "default"))
         if kind != "default":
             raise r.fail(f"{name}.rope_type", '"default" (plain RoPE)', kind)
-        factor = block.get("partial_rotary_factor", 1.0)
-        if factor != 1.0:
-            raise r.fail(f"{name}.partial_rotary_factor", "1.0 (RoPE on every head dim)", factor)
-    if "rope_theta" in raw:
-        return r.float("rope_theta")
-    if isinstance(params, Mapping) and "rope_theta" in params:
-        return _Reader(params, r.source, field + ".").float("rope_theta")
-    raise r.fail("rope_theta", "a positive number", _MISSING)
+
+    def resolved(key: str) -> tuple[_Reader, Any]:
+        if key in params:
+            return _Reader(params, r.source, field + "."), params[key]
+        return r, r.get(key, _MISSING)
+
+    reader, _ = resolved("rope_theta")
+    theta = reader.float("rope_theta")
+    reader, factor = resolved("partial_rotary_factor")
+    if factor is _MISSING or factor is None:
+        return theta, None
+    # vLLM: rotary_dim = int(head_dim * partial_rotary_factor); NeoX RoPE rotates dims in pairs
+    number = isinstance(factor, int | float) and not isinstance(factor, bool)
+    rotary = int(head_dim * factor) if number and 0 < factor <= 1 else 0
+    if rotary < 2 or rotary % 2:
+        raise reader.fail("partial_rotary_factor",
+                          f"a factor in (0, 1] that rotates an even number (>= 2) of the {head_dim} head dims",
+                          factor)
+    return theta, None if rotary == head_dim else rotary
 
 
 def load_config(path: Path | str) -> DrafterConfig:
@@ -280,7 +418,7 @@ def load_config(path: Path | str) -> DrafterConfig:
     if not path.is_file():
         raise UserError(f"{path}: not found (a drafter directory holds config.json and model.safetensors)")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(path.read_text(encoding="utf-8"), parse_float=_parse_float)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(raw, dict):
@@ -327,7 +465,8 @@ def expected_tensors(cfg: DrafterConfig) -> dict[str, tuple[int, ...]]:
         out[p + "self_attn.qkv_proj.weight"] = (cfg.qkv_rows, h)
         out[p + "self_attn.q_norm.weight"] = (hd,)
         out[p + "self_attn.k_norm.weight"] = (hd,)
-        out[p + "self_attn.g_proj.weight"] = (cfg.num_attention_heads, h)
+        if cfg.gate_rows:
+            out[p + "self_attn.g_proj.weight"] = (cfg.gate_rows, h)
         out[p + "self_attn.o_proj.weight"] = (h, cfg.q_rows)
         out[p + "post_attention_layernorm.weight"] = (h,)
         out[p + "mlp.gate_proj.weight"] = (cfg.intermediate_size, h)

@@ -16,11 +16,14 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TransferSpeedColumn)
 from rich.table import Table
 
-from .converter import ARCH, Summary, check_output_path, prepare
+from .converter import ARCH, Summary, check_output_path, prepare, write_job
 from .drafter_info import layout_problems, pairing_problems, read_drafter_gguf
 from .errors import USER_ERROR_EXIT, UserError
+from .poolside import is_poolside_layout, print_inspection
+from .poolside import prepare as prepare_poolside
 from .quantize import OutType
 from .target import TargetInfo, read_target
+from .writer import TensorSpec, Terminated, check_metadata, sigterm_raises
 
 app = typer.Typer(
     name="laguna-gguf",
@@ -56,6 +59,28 @@ def _user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: Exit codes of a command stopped by a signal: 128 + the signal number, as a shell reports it.
+SIGINT_EXIT, SIGTERM_EXIT = 130, 143
+
+
+def _interruptible(fn: F) -> F:
+    """Ctrl-C (SIGINT) and SIGTERM: the partial output is removed, one line on stderr, exit 130 / 143."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with sigterm_raises():
+                return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            typer.echo("error: interrupted (SIGINT): no output written, the partial file was removed", err=True)
+            raise typer.Exit(SIGINT_EXIT) from None
+        except Terminated:
+            typer.echo("error: terminated (SIGTERM): no output written, the partial file was removed", err=True)
+            raise typer.Exit(SIGTERM_EXIT) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
 def _fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
@@ -82,11 +107,13 @@ def _load_target(path: Path, quiet: bool) -> TargetInfo:
     "  laguna-gguf convert Laguna-XS-2.1-DFlash --target Laguna-XS-2.1-Q4_K_M.gguf -o xs-dflash-q8_0.gguf\n\n"
     "  laguna-gguf convert ./drafter --target ./Laguna-XS-2.1 --outtype bf16   # HF target directory"
 ))
+@_interruptible
 @_user_errors
 def convert_cmd(
     drafter_dir: Path = typer.Argument(
         ..., metavar="DRAFTER_DIR", show_default=False,
-        help="The drafter's HF directory: config.json plus model.safetensors or a sharded "
+        help="The drafter's HF directory (or a drafter GGUF in Poolside's own layout, SPEC §5b): "
+             "config.json plus model.safetensors or a sharded "
              "model.safetensors.index.json (a leading 'model.', split q/k/v_proj and layers numbered "
              "after the target's are all accepted)."),
     target: Path = typer.Option(
@@ -98,10 +125,13 @@ def convert_cmd(
         None, "--outfile", "-o", metavar="OUT.gguf", show_default=False,
         help="Output file (default: ./<DRAFTER_DIR name>-<outtype>.gguf). Written under a temporary name "
              "and renamed when complete, so a failed run leaves nothing behind."),
-    outtype: OutType = typer.Option(
-        OutType.Q8_0, "--outtype", case_sensitive=False,
+    outtype_name: str = typer.Option(
+        OutType.Q8_0.value, "--outtype", metavar="|".join(t.value for t in OutType),
         help="Type of the weight matrices (norm vectors always stay F32). q8_0 is about half the size of "
-             "bf16 and what drafters usually run in; bf16 keeps the checkpoint's exact values."),
+             "bf16 and what drafters usually run in; bf16 keeps the checkpoint's exact values. q6_k, q5_k_m, "
+             "q4_k_m and q4_0 are made by llama.cpp's own quantiser from a lossless intermediate file "
+             "written next to the output (its per-tensor mix; rows that are not a multiple of 256 values "
+             "fall back to a 32-value block type): see docs/lowbit.md."),
     source_repo: str | None = typer.Option(
         None, "--source-repo", metavar="ORG/NAME",
         help="The Hugging Face repository the drafter comes from, recorded as "
@@ -112,10 +142,16 @@ def convert_cmd(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
 ) -> None:
     t0 = time.perf_counter()
-    out = outfile or Path(f"{drafter_dir.resolve().name}-{outtype.value}.gguf")
+    outtype = OutType.parse(outtype_name)
+    stem = drafter_dir.stem if drafter_dir.is_file() else drafter_dir.resolve().name
+    out = outfile or Path(f"{stem}-{outtype.value}.gguf")
+    check_output_path(out, target=target)  # before reading the target (slow for an HF directory)
     tgt = _load_target(target, quiet)
-    check_output_path(out, tgt)
-    job = prepare(drafter_dir, tgt, outtype, name=name, source_repo=source_repo)
+    # a file is a drafter GGUF in Poolside's own layout (SPEC §5b), rewritten into ours
+    job = (prepare_poolside if drafter_dir.is_file() else prepare)(drafter_dir, tgt, outtype, name=name,
+                                                                   source_repo=source_repo)
+    check_output_path(out, job.inputs, target=tgt.source)  # job.write checks again; these fail before
+    check_metadata(out, job.metadata)                      # the progress display starts
     cfg = job.cfg
     if not quiet:
         err_console.print(
@@ -123,16 +159,25 @@ def convert_cmd(
             f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} heads, target layers "
             f"{list(cfg.target_layer_ids)}\n"
             f"target  [bold]{tgt.name}[/]: {tgt.n_layer} layers, hidden {tgt.hidden_size}, vocab {tgt.vocab_size}\n"
-            f"writing [bold]{out}[/] ({outtype.value}, {len(job.specs)} tensors, {_fmt_bytes(job.total_bytes)})",
+            f"writing [bold]{out}[/] ({outtype.value}, {len(job.specs)} tensors, {_fmt_bytes(job.total_bytes)}"
+            f"{' before llama.cpp quantises them' if outtype.by_llama else ''})",
             soft_wrap=True)
         with Progress(TextColumn("{task.description:<28}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                       TimeElapsedColumn(), console=err_console, transient=False) as bar:
             task = bar.add_task("converting", total=job.total_bytes)
-            summary = job.write(out, on_tensor=lambda s: bar.update(task, advance=s.nbytes, description=s.name))
+            written = [0]
+
+            def advance(spec: TensorSpec) -> None:
+                written[0] += spec.nbytes
+                quantising = outtype.by_llama and written[0] >= job.total_bytes  # llama.cpp takes over now
+                bar.update(task, advance=spec.nbytes,
+                           description=f"llama.cpp: {outtype.value}" if quantising else spec.name)
+
+            summary = write_job(job, out, on_tensor=advance)
             bar.update(task, description="done")
         _print_summary(summary, time.perf_counter() - t0)
     else:
-        job.write(out)
+        write_job(job, out)
 
 
 def _print_summary(s: Summary, wall: float) -> None:
@@ -169,6 +214,8 @@ def inspect_cmd(
 ) -> None:
     if not file.is_file():
         raise UserError(f"{file}: not found")
+    if is_poolside_layout(file):
+        return print_inspection(file, target, out_console)
     info = read_drafter_gguf(file)
     a = ARCH
     table = Table(title=str(file), show_header=False)
@@ -184,8 +231,9 @@ def inspect_cmd(
         ("heads / kv heads / head dim", f"{info.get(f'{a}.attention.head_count')} / "
                                         f"{info.get(f'{a}.attention.head_count_kv')} / "
                                         f"{info.get(f'{a}.attention.key_length')}"),
-        ("sliding window", info.get(f"{a}.attention.sliding_window")),
-        ("rope base", info.get(f"{a}.rope.freq_base")),
+        ("sliding window", info.get(f"{a}.attention.sliding_window") or "none (full attention)"),
+        ("rope base / rotated dims", f"{info.get(f'{a}.rope.freq_base')} / {info.get(f'{a}.rope.dimension_count')}"),
+        ("gating", info.get(f"{a}.dflash.gating") or "per-head"),
         ("block size", info.get(f"{a}.dflash.block_size")),
         ("mask token id", info.get(f"{a}.dflash.mask_token_id")),
         ("target layer ids (HF)", info.get(f"{a}.dflash.target_layer_ids")),
@@ -195,6 +243,8 @@ def inspect_cmd(
         ("vocabulary", f"{len(info.tokens)} tokens"),
         ("file type", _file_type_name(info.get("general.file_type"))),
     ]
+    if runtimes := info.runtimes():
+        rows.append(("loads in", ", ".join(runtimes)))
     by_type: dict[str, int] = {}
     for _, qtype, _ in info.tensors.values():
         by_type[qtype.name] = by_type.get(qtype.name, 0) + 1

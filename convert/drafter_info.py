@@ -1,8 +1,11 @@
 """Read a converted drafter GGUF back: its contract at a glance, its layout, and whether it pairs with a target.
 
     info = read_drafter_gguf(Path("drafter-q8_0.gguf"))
-    problems = layout_problems(info)            # [] when the SPEC §5a layout is complete
+    problems = layout_problems(info)            # [] when the values are in range and the SPEC §5a layout is complete
     problems = pairing_problems(info, target)   # [] when the pair works
+
+The header is read with :mod:`convert.gguf_header` (a truncated or corrupt file is one error
+line) and its values are checked with the rules the runtime loads with (:mod:`convert.gguf_rules`).
 """
 
 from __future__ import annotations
@@ -12,11 +15,14 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType, GGUFValueType
 
+from . import gguf_keys as K
 from .checkpoint import DrafterConfig
 from .converter import ARCH
 from .errors import ContractError
+from .gguf_header import Header, Value, read_header
+from .gguf_rules import header_problems
 from .mapping import Kind, gguf_layout
-from .target import TargetInfo, field_kv, kv_text, open_gguf, tokenizer_kvs
+from .target import TargetInfo
 
 
 @dataclass
@@ -28,6 +34,7 @@ class DrafterInfo:
     values: dict[str, object]  # the dflash-draft.* and general.* keys, decoded
     tensors: dict[str, tuple[tuple[int, ...], GGMLQuantizationType, int]]  # name -> (numpy shape, type, bytes)
     tokens: list[bytes] = field(default_factory=list)
+    header: Header | None = None
 
     def get(self, key: str) -> object:
         return self.values.get(key)
@@ -51,17 +58,28 @@ class DrafterInfo:
             total += n
         return total
 
+    def runtimes(self) -> list[str]:
+        """The runtimes that load this file: what its config allows, less ik_llama.cpp when the
+        pre-FFN norm has the old name (ik requires post_attention_norm)."""
+        cfg = self.config()
+        if cfg is None:
+            return []
+        legacy = any(K.current_tensor_name(name) != name for name in self.tensors)
+        return [r for r in cfg.runtimes() if not (legacy and r == "ik_llama.cpp")]
+
     def config(self) -> DrafterConfig | None:
         """The drafter config the keys describe (enough to rebuild the expected layout)."""
         a = ARCH
         need = {k: self.int(f"{a}.{k}") for k in (
             "embedding_length", "feed_forward_length", "block_count", "attention.head_count",
-            "attention.head_count_kv", "attention.key_length", "vocab_size", "attention.sliding_window",
+            "attention.head_count_kv", "attention.key_length", "vocab_size",
             "dflash.block_size", "dflash.mask_token_id", "dflash.target_n_layer")}
         ids = self.target_layer_ids
         if any(v is None for k, v in need.items() if k != "dflash.target_n_layer") or not ids:
             return None
         n = lambda k: int(need[k])  # noqa: E731
+        gating = self.values.get(K.GATING, K.GATING_DEFAULT)
+        rope_dims = self.int(K.ROPE_DIMENSION_COUNT)
         return DrafterConfig(
             source=self.path, hidden_size=n("embedding_length"), intermediate_size=n("feed_forward_length"),
             num_hidden_layers=n("block_count"), num_attention_heads=n("attention.head_count"),
@@ -69,50 +87,41 @@ class DrafterInfo:
             rms_norm_eps=float(self.values.get(f"{a}.attention.layer_norm_rms_epsilon") or 0.0),
             vocab_size=n("vocab_size"), rope_theta=float(self.values.get(f"{a}.rope.freq_base") or 0.0),
             max_position_embeddings=int(self.int(f"{a}.context_length") or 0),
-            sliding_window=n("attention.sliding_window"), block_size=n("dflash.block_size"),
+            sliding_window=self.int(K.SLIDING_WINDOW), block_size=n("dflash.block_size"),
             mask_token_id=n("dflash.mask_token_id"),
-            num_target_layers=need["dflash.target_n_layer"] or max(ids) + 1, target_layer_ids=tuple(ids))
+            num_target_layers=need["dflash.target_n_layer"] or max(ids) + 1, target_layer_ids=tuple(ids),
+            gating=gating if gating in K.GATING_MODES else K.GATING_DEFAULT,
+            rotary_dims=rope_dims if rope_dims not in (None, n("attention.key_length")) else None)
 
 
-def _decode(kv) -> object:
-    if kv is None:
-        return None
-    if kv.type == GGUFValueType.STRING:
-        return kv_text(kv)
-    if kv.type == GGUFValueType.ARRAY:
-        if kv.sub_type == GGUFValueType.STRING:
-            return [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else v for v in kv.value]
-        return list(kv.value)
-    return kv.value
+def _decode(v: Value) -> object:
+    if v.type == GGUFValueType.STRING:
+        return v.value.decode("utf-8", errors="replace")
+    if v.is_array and v.sub_type == GGUFValueType.STRING:
+        return [s.decode("utf-8", errors="replace") for s in v.value]
+    return v.value
 
 
 def read_drafter_gguf(path: Path) -> DrafterInfo:
-    reader = open_gguf(path)
-    values: dict[str, object] = {}
-    for key in reader.fields:
-        if key.startswith("GGUF.") or key.startswith("tokenizer."):
-            continue
-        values[key] = _decode(field_kv(reader, key))
-    tensors = {}
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(list(t.shape)))
-        tensors[t.name] = (shape, GGMLQuantizationType(t.tensor_type), int(t.n_bytes))
-    tok = tokenizer_kvs(reader).get("tokenizer.ggml.tokens")
-    tokens = [v if isinstance(v, bytes) else str(v).encode() for v in tok.value] if tok else []
-    arch = kv_text(field_kv(reader, "general.architecture"))
-    return DrafterInfo(Path(path), arch, values, tensors, tokens)
+    header = read_header(path)
+    values = {k: _decode(v) for k, v in header.fields.items() if not k.startswith("tokenizer.")}
+    tensors = {t.name: (t.shape, t.qtype, t.nbytes) for t in header.tensors}
+    tok = header.fields.get("tokenizer.ggml.tokens")
+    tokens = list(tok.value) if tok is not None and tok.sub_type == GGUFValueType.STRING else []
+    return DrafterInfo(Path(path), header.arch, values, tensors, tokens, header)
 
 
 def layout_problems(info: DrafterInfo) -> list[ContractError]:
-    """Where the file departs from the SPEC §5a layout (architecture, keys, tensor names/shapes/types)."""
+    """Where the file departs from the SPEC §5a layout (architecture, key values, tensor names/shapes/types)."""
     p = info.path
-    out: list[ContractError] = []
     if info.architecture != ARCH:
         return [ContractError(p, "general.architecture", f'"{ARCH}" (a Laguna DFlash drafter)', info.architecture)]
-    if info.get(f"{ARCH}.dflash.laguna") is not True:
-        out.append(ContractError(p, f"{ARCH}.dflash.laguna", "true", info.get(f"{ARCH}.dflash.laguna")))
-    if info.get(f"{ARCH}.attention.causal") is not True:
-        out.append(ContractError(p, f"{ARCH}.attention.causal", "true", info.get(f"{ARCH}.attention.causal")))
+    if info.header is not None:
+        # out-of-range values first, and alone: the layout is derived from them
+        out = header_problems(info.header)
+        if out:
+            return out
+    out = []
     cfg = info.config()
     if cfg is None:
         out.append(ContractError(p, f"{ARCH}.*", "the size keys of SPEC §5a", "some missing"))
@@ -121,16 +130,26 @@ def layout_problems(info: DrafterInfo) -> list[ContractError]:
     if n_feat != cfg.n_target_features:
         out.append(ContractError(p, f"{ARCH}.dflash.n_target_features",
                                  f"{cfg.n_target_features} (len(target_layer_ids) * embedding_length)", n_feat))
+    gating = info.get(K.GATING)
+    if gating is not None and gating not in K.GATING_MODES:
+        out.append(ContractError(p, K.GATING, " or ".join(K.GATING_MODES), gating))
+    sliding = cfg.sliding_window is not None
     pattern = info.get(f"{ARCH}.attention.sliding_window_pattern")
-    if pattern != [True] * cfg.num_hidden_layers:
+    if pattern is not None and pattern != [sliding] * cfg.num_hidden_layers:
         out.append(ContractError(p, f"{ARCH}.attention.sliding_window_pattern",
-                                 f"{cfg.num_hidden_layers} x true", pattern))
+                                 f"{cfg.num_hidden_layers} x {str(sliding).lower()} "
+                                 f"({'with' if sliding else 'without'} {K.SLIDING_WINDOW})", pattern))
     expected = {e.name: e for e in gguf_layout(cfg)}
+    # files converted before the pre-FFN norm took ik's name still load (both names are read)
+    current = {name: K.current_tensor_name(name) for name in info.tensors}
     for name in expected:
-        if name not in info.tensors:
+        if name not in current.values():
             out.append(ContractError(p, name, f"a tensor of shape {list(expected[name].shape)}", "nothing"))
     for name, (shape, qtype, _) in info.tensors.items():
-        e = expected.get(name)
+        if current[name] != name and current[name] in info.tensors:
+            out.append(ContractError(p, name, f"one pre-FFN norm per block ({current[name]})", "both names"))
+            continue
+        e = expected.get(current[name])
         if e is None:
             out.append(ContractError(p, name, "no such tensor in the dflash-draft layout", f"shape {list(shape)}"))
         elif shape != e.shape:

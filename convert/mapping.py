@@ -7,8 +7,9 @@ Two steps, both pure functions of the config and the tensor *index* (no weights 
    layers from 0 when they follow the target's (``layers.40..44`` for a 40-layer target);
    stack split ``q_proj/k_proj/v_proj`` into one ``qkv_proj`` (q, k, v rows); then demand the
    exact key set and every shape the config implies.
-2. :func:`gguf_plan` maps each canonical tensor to its GGUF name(s) (SPEC §5a), splitting
-   ``qkv_proj`` back into ``attn_q``/``attn_k``/``attn_v`` by row range.
+2. :func:`gguf_plan` maps each canonical tensor to its GGUF name(s) (SPEC §5a, names from
+   :mod:`convert.gguf_keys`), splitting ``qkv_proj`` back into ``attn_q``/``attn_k``/``attn_v``
+   by row range.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import gguf_keys as K
 from .checkpoint import DrafterConfig, expected_tensors, split_qkv_shapes
 from .errors import ContractError, UserError
 from .safetensors_io import TensorRef, read_header
@@ -191,27 +193,28 @@ class Kind(str, Enum):
 
 #: HF (canonical) name -> GGUF name for the tensors outside the blocks; ``{i}`` is the aux index.
 GLOBAL_NAMES: tuple[tuple[str, str], ...] = (
-    ("fc.weight", "dflash_fc.weight"),
-    ("hidden_norm.weight", "dflash_hidden_norm.weight"),
-    ("aux_hidden_norms.{i}.weight", "dflash_aux_hidden_norm.{i}.weight"),
-    ("norm.weight", "output_norm.weight"),
+    ("fc.weight", K.FC),
+    ("hidden_norm.weight", K.HIDDEN_NORM),
+    ("aux_hidden_norms.{i}.weight", K.AUX_HIDDEN_NORM),
+    ("norm.weight", K.OUTPUT_NORM),
 )
 
 #: Per block: HF suffix after ``layers.{n}.`` -> GGUF suffix after ``blk.{n}.``.
-#: ``qkv_proj`` is the one HF tensor that becomes three GGUF tensors (q, k, v rows).
+#: ``qkv_proj`` is the one HF tensor that becomes three GGUF tensors (q, k, v rows);
+#: ``g_proj`` is absent when gating is disabled.
 BLOCK_NAMES: tuple[tuple[str, str], ...] = (
-    ("input_layernorm.weight", "attn_norm.weight"),
-    ("self_attn.qkv_proj.weight#q", "attn_q.weight"),
-    ("self_attn.qkv_proj.weight#k", "attn_k.weight"),
-    ("self_attn.qkv_proj.weight#v", "attn_v.weight"),
-    ("self_attn.q_norm.weight", "attn_q_norm.weight"),
-    ("self_attn.k_norm.weight", "attn_k_norm.weight"),
-    ("self_attn.g_proj.weight", "attn_gate.weight"),
-    ("self_attn.o_proj.weight", "attn_output.weight"),
-    ("post_attention_layernorm.weight", "ffn_norm.weight"),
-    ("mlp.gate_proj.weight", "ffn_gate.weight"),
-    ("mlp.up_proj.weight", "ffn_up.weight"),
-    ("mlp.down_proj.weight", "ffn_down.weight"),
+    ("input_layernorm.weight", K.ATTN_NORM),
+    ("self_attn.qkv_proj.weight#q", K.ATTN_Q),
+    ("self_attn.qkv_proj.weight#k", K.ATTN_K),
+    ("self_attn.qkv_proj.weight#v", K.ATTN_V),
+    ("self_attn.q_norm.weight", K.ATTN_Q_NORM),
+    ("self_attn.k_norm.weight", K.ATTN_K_NORM),
+    ("self_attn.g_proj.weight", K.ATTN_GATE),
+    ("self_attn.o_proj.weight", K.ATTN_OUTPUT),
+    ("post_attention_layernorm.weight", K.POST_ATTENTION_NORM),
+    ("mlp.gate_proj.weight", K.FFN_GATE),
+    ("mlp.up_proj.weight", K.FFN_UP),
+    ("mlp.down_proj.weight", K.FFN_DOWN),
 )
 
 
@@ -251,7 +254,8 @@ def gguf_layout(cfg: DrafterConfig) -> list[LayoutEntry]:
         else:
             out.append(entry(gguf, hf))
     for n in range(cfg.num_hidden_layers):
-        out += [entry(f"blk.{n}.{gguf}", f"layers.{n}.{hf}") for hf, gguf in BLOCK_NAMES]
+        out += [entry(K.block_tensor(n, gguf), f"layers.{n}.{hf}") for hf, gguf in BLOCK_NAMES
+                if f"layers.{n}.{hf.partition('#')[0]}" in shapes]
     return out
 
 

@@ -539,14 +539,14 @@ def _usage_section(
         "### ik_llama.cpp",
         "",
         "ik_llama.cpp loads this `dflash-draft` layout through its DFlash speculative path; pass the drafter as the "
-        "draft model of its server:",
+        "draft model and the draft depth inside the `--spec-type` stage:",
         "",
         "```sh",
-        f"llama-server -m {target} -md {drafter.filename} --spec-type dflash",
+        f"llama-server -m {target} -md {drafter.filename} --spec-type dflash:n_max=4",
         "```",
         "",
-        "Option names can differ between ik_llama.cpp builds; `llama-server --help` lists the speculative options "
-        "of yours.",
+        "`llama-cli` and `llama-spec-bench` take the same options. ik_llama.cpp rejects the legacy `--draft-max`; "
+        "`n_max` plays the role of `--n-max` above.",
         "",
     ]
     return out

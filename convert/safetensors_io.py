@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 
@@ -65,14 +66,18 @@ def _pread_array(path: Path, offset: int, count: int, itemsize: int) -> np.ndarr
     dtype = np.uint16 if itemsize == 2 else np.uint32
     buf = np.empty(count, dtype=dtype)
     view = memoryview(buf).cast("B")
-    with open(path, "rb", buffering=0) as f:
-        f.seek(offset)
-        got = 0
-        while got < len(view):
-            n = f.readinto(view[got:])
-            if not n:
-                raise UserError(f"{path}: truncated file: expected {len(view)} bytes at offset {offset}, found {got}")
-            got += n
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(offset)
+            got = 0
+            while got < len(view):
+                n = f.readinto(view[got:])
+                if not n:
+                    raise UserError(f"{path}: truncated file: expected {len(view)} bytes at offset {offset}, "
+                                    f"found {got}")
+                got += n
+    except OSError as e:  # e.g. the file went away or the disk failed mid-conversion
+        raise UserError(f"{path}: cannot read tensor data at offset {offset}: {e.strerror or e}") from None
     return buf
 
 
@@ -90,7 +95,10 @@ def _decode(raw: np.ndarray, dtype: str) -> np.ndarray:
 def read_header(path: Path) -> dict[str, TensorRef]:
     """Every tensor of one safetensors file, by name (file order)."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # opening a FIFO would block; a device has no header
+            raise UserError(f"{path}: expected a regular safetensors file, found {file_kind(st.st_mode)}")
+        size = st.st_size
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) != 8:
@@ -121,6 +129,54 @@ def read_header(path: Path) -> dict[str, TensorRef]:
             raise ContractError(path, f"{name}.data_offsets", f"{want} bytes inside the file", f"[{begin}, {end}]")
         refs[name] = TensorRef(path, name, dtype, shape, base + begin, end - begin)
     return refs
+
+
+def file_kind(mode: int) -> str:
+    """``a directory``, ``a FIFO``, ``a character device``...: what a non-regular file is, in words."""
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return kind
+    return "a special file"
+
+
+def index_shard_files(index: Path, root: Path) -> list[Path]:
+    """The shard files a ``model.safetensors.index.json`` names, each confined to ``root``.
+
+    Anything read from a downloaded index is untrusted: an entry may not be absolute, contain
+    ``..``, or resolve (through symlinks) outside ``root``, so an index cannot make the converter
+    read, and copy into its output, a file elsewhere on the machine. One layout is allowed
+    outside ``root``: the Hugging Face cache, whose ``snapshots/<revision>/`` files are symlinks
+    into the repository's ``blobs/``. An index that is not valid JSON with a ``weight_map`` object
+    gives ``[]``; the tensor index reports that.
+    """
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if not isinstance(weight_map, dict):
+        return []
+    real_root = root.resolve()
+    allowed = [real_root]
+    if real_root.parent.name == "snapshots":
+        allowed.append(real_root.parent.parent / "blobs")
+    shards: dict[str, Path] = {}
+    for tensor, shard in weight_map.items():
+        if isinstance(shard, str) and shard in shards:
+            continue
+        where = f"weight_map[{json.dumps(tensor)}]"
+        if not isinstance(shard, str) or not shard or "\0" in shard:
+            raise ContractError(index, where, "a shard file name", json.dumps(shard))
+        rel = PurePosixPath(shard)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ContractError(index, where, f"a shard file inside {root} (no absolute path, no '..')",
+                                json.dumps(shard))
+        real = (root / rel).resolve()
+        if not any(real.is_relative_to(a) for a in allowed):
+            raise ContractError(index, where, f"a shard file inside {root}",
+                                f"{json.dumps(shard)}, which leads to {real}")
+        shards[shard] = root / rel
+    return list(shards.values())
 
 
 # --------------------------------------------------------------------------- writing

@@ -76,8 +76,15 @@ def drafter_config_dict(
     rope_theta: float = 500000.0,
     max_position_embeddings: int = DEFAULT_CONTEXT_LENGTH,
     name_or_path: str | None = None,
+    gating: Any = "per-head",
+    layer_type: str = SLIDING,
 ) -> dict[str, Any]:
-    """A drafter ``config.json`` with the field names and layout of Poolside's real one."""
+    """A drafter ``config.json`` with the field names and layout of Poolside's real one.
+
+    ``gating`` and ``layer_type`` choose the variant (vLLM's values: ``True``/``"per-head"``,
+    ``"per-element"``, ``False``/``"disabled"``; ``"sliding_attention"`` or ``"full_attention"``
+    for every layer); the rest of the config is the same for every variant.
+    """
     ids = [int(i) for i in target_layer_ids]
     cfg: dict[str, Any] = {
         "architectures": ["DFlashLagunaForCausalLM"],
@@ -93,12 +100,12 @@ def drafter_config_dict(
         },
         "draft_vocab_size": vocab_size,
         "eagle_aux_hidden_state_layer_ids": [i + 1 for i in ids],
-        "gating": "per-head",
+        "gating": gating,
         "head_dim": head_dim,
         "hidden_act": "silu",
         "hidden_size": hidden,
         "intermediate_size": intermediate,
-        "layer_types": [SLIDING] * n_layers,
+        "layer_types": [layer_type] * n_layers,
         "max_position_embeddings": max_position_embeddings,
         "num_attention_heads": n_heads,
         "num_experts": 0,
@@ -177,11 +184,18 @@ def write_drafter(
     layers_after_target: bool = False,
     shards: int = 1,
     name_or_path: str | None = None,
+    gating: Any = "per-head",
+    layer_type: str = SLIDING,
     config_overrides: Mapping[str, Any] | None = None,
     drop_tensors: Iterable[str] = (),
     extra_tensors: Mapping[str, np.ndarray] | None = None,
 ) -> Path:
     """Write a random drafter checkpoint into ``out_dir`` (created) and return ``out_dir``.
+
+    Variants: ``gating`` and ``layer_type`` (see :func:`drafter_config_dict`) change the key set
+    (no ``g_proj`` when gating is disabled, ``n_heads * head_dim`` rows of it per element); RoPE
+    variants (``rope_parameters``, ``swa_rope_parameters``, ``partial_rotary_factor``) change no
+    tensor and go in ``config_overrides``.
 
     Layout options: ``fused_qkv`` (one ``qkv_proj`` or split ``q/k/v_proj``), ``prefix``
     (keys under ``model.``), ``layers_after_target`` (layers numbered from
@@ -197,7 +211,7 @@ def write_drafter(
         hidden=hidden, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
         intermediate=intermediate, target_layer_ids=target_layer_ids, num_target_layers=num_target_layers,
         vocab_size=vocab_size, sliding_window=sliding_window, block_size=block_size,
-        mask_token_id=mask_token_id, name_or_path=name_or_path,
+        mask_token_id=mask_token_id, name_or_path=name_or_path, gating=gating, layer_type=layer_type,
     )
     cfg = parse_config(raw, out_dir / "config.json")
     written = apply_overrides(raw, config_overrides)

@@ -24,6 +24,8 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
 from .errors import ContractError, UserError
+from .gguf_header import read_header
+from .gguf_rules import check_header
 from .writer import KV
 
 DRAFT_ARCHITECTURES = ("dflash-draft", "dflash")
@@ -123,6 +125,8 @@ def tokenizer_kvs(reader: GGUFReader) -> dict[str, KV]:
 
 
 def read_target_gguf(path: Path) -> TargetInfo:
+    # every value llama.cpp will read, in range (convert/gguf_rules.py), before anything else reads it
+    check_header(read_header(path), require=False)
     reader = open_gguf(path)
     arch = kv_text(field_kv(reader, "general.architecture"))
     if not arch:

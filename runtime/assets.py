@@ -33,9 +33,12 @@ def tiny_drafter_digest() -> str:
 def converted_tiny_drafter(outtype: str = "q8_0") -> Path:
     """The shipped HF drafter converted with laguna-gguf convert, once per checkpoint content."""
     from convert import converter
+    from convert.poolside import layout_version
     from convert.target import read_target
 
-    out = cache_dir() / "demo" / f"Laguna-Tiny-DFlash-{outtype}-{tiny_drafter_digest()}.gguf"
+    # keyed by the converter's code too: a cached file from before a layout change (e.g. the
+    # pre-FFN norm's name) would still load here but not in ik_llama.cpp
+    out = cache_dir() / "demo" / f"Laguna-Tiny-DFlash-{outtype}-{tiny_drafter_digest()}-{layout_version()}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         converter.convert(TINY_DRAFTER_HF, read_target(TINY_TARGET), out, converter.OutType(outtype))
@@ -48,12 +51,31 @@ def default_pair(drafter: Path | None) -> tuple[Path, Path | None]:
     return TINY_TARGET, drafter or converted_tiny_drafter()
 
 
-def read_prompts(path: Path) -> list[str]:
-    """Prompts separated by lines holding only '---'."""
+def read_prompt_text(path: Path) -> str:
+    """A prompt file's text: UTF-8 (a leading byte-order mark is dropped), whatever the locale.
+    Invalid bytes are refused with their offset rather than guessed at: a replaced byte would
+    change the tokens the model sees without a word."""
+    path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such prompt file")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the prompt file ({e.strerror or e})") from None
+    bom = b"\xef\xbb\xbf"
+    start = len(bom) if data.startswith(bom) else 0
+    try:
+        return data[start:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        offset = start + e.start
+        raise UserError(f"{path}: expected UTF-8 text, found byte 0x{data[offset]:02x} at byte offset {offset} "
+                        f"({e.reason})") from None
+
+
+def read_prompts(path: Path) -> list[str]:
+    """Prompts separated by lines holding only '---'."""
     prompts, cur = [], []
-    for line in path.read_text().splitlines(keepends=True):
+    for line in read_prompt_text(path).splitlines(keepends=True):
         if line.strip() == "---":
             prompts.append("".join(cur))
             cur = []

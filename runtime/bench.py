@@ -9,16 +9,21 @@ every speculative output equalled it token for token.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .engine import Engine, GenerateOptions
+from .engine import Engine, GenerateOptions, GenerationResult
 
 
 def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n_predict: int,
-              repeats: int = 1, console: Console | None = None) -> dict:
+              repeats: int = 1, console: Console | None = None,
+              should_stop: Callable[[], bool] | None = None) -> dict:
+    """Measure every depth on every prompt. When ``should_stop`` says so (Ctrl-C), the prompt in
+    progress is dropped and the result holds the prompts every depth completed
+    (``"interrupted": true``), so the ratios still compare the same work."""
     configs = [0] + [d for d in depths if d != 0]
     tokens = defaultdict(int)
     seconds = defaultdict(float)
@@ -27,39 +32,57 @@ def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n
     drafted = defaultdict(int)
     exact = defaultdict(lambda: True)
     depth_rounds: dict = defaultdict(lambda: defaultdict(int))
+    measured = defaultdict(int)
+    stop = should_stop or (lambda: False)
+    interrupted = False
+
+    def generate(prompt: str, n: int, depth) -> GenerationResult | None:
+        res = engine.generate(prompt, GenerateOptions(n_predict=n, n_max=depth, should_stop=should_stop))
+        return None if res.stop_reason == "interrupted" or stop() else res
+
     # warm-up: the first decodes of a process pay for graph reservation and cold caches
     first = next(iter(prompt_sets.values()))[0]
     for depth in configs:
-        engine.generate(first, GenerateOptions(n_predict=8, n_max=depth))
-    total = repeats * sum(len(p) for p in prompt_sets.values()) * len(configs)
+        if generate(first, 8, depth) is None:
+            interrupted = True
+            break
+    order = [(content, prompt) for _ in range(repeats) for content, prompts in prompt_sets.items()
+             for prompt in prompts]
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task("bench", total=total)
-        for _ in range(repeats):
-            for content, prompts in prompt_sets.items():
-                for prompt in prompts:
-                    plain = None
-                    for depth in configs:
-                        progress.update(task, description=f"{content} n_max={depth}")
-                        res = engine.generate(prompt, GenerateOptions(n_predict=n_predict, n_max=depth))
-                        key = (content, str(depth))
-                        s = res.stats
-                        tokens[key] += s.n_generated
-                        seconds[key] += s.t_total
-                        if depth != 0:
-                            rounds[key] += s.rounds
-                            accepted[key] += s.accepted
-                            drafted[key] += s.drafted
-                            for k, v in s.depth_rounds.items():
-                                depth_rounds[key][k] += v
-                        if plain is None:
-                            plain = res.tokens
-                        elif res.tokens != plain:
-                            exact[key] = False
-                        progress.advance(task)
+        task = progress.add_task("bench", total=len(order) * len(configs))
+        for content, prompt in order if not interrupted else ():
+            results = []
+            for depth in configs:
+                progress.update(task, description=f"{content} n_max={depth}")
+                res = generate(prompt, n_predict, depth)
+                if res is None:
+                    break
+                results.append((depth, res))
+                progress.advance(task)
+            if len(results) < len(configs):
+                interrupted = True
+                break
+            measured[content] += 1
+            plain = results[0][1].tokens
+            for depth, res in results:
+                key = (content, str(depth))
+                s = res.stats
+                tokens[key] += s.n_generated
+                seconds[key] += s.t_total
+                if depth != 0:
+                    rounds[key] += s.rounds
+                    accepted[key] += s.accepted
+                    drafted[key] += s.drafted
+                    for k, v in s.depth_rounds.items():
+                        depth_rounds[key][k] += v
+                    if res.tokens != plain:
+                        exact[key] = False
     rows = []
     for content in prompt_sets:
-        base = tokens[(content, "0")] / seconds[(content, "0")]
+        if not measured[content]:
+            continue
+        base = tokens[(content, "0")] / seconds[(content, "0")] if seconds[(content, "0")] else 0.0
         for depth in configs:
             key = (content, str(depth))
             tps = tokens[key] / seconds[key] if seconds[key] else 0.0
@@ -71,8 +94,12 @@ def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n
                            exact=exact[key], rounds=rounds[key],
                            depth_rounds={str(k): v for k, v in sorted(depth_rounds[key].items())})
             rows.append(row)
-    return {"rows": rows, "n_predict": n_predict, "repeats": repeats,
-            "prompts": {k: len(v) for k, v in prompt_sets.items()}}
+    result = {"rows": rows, "n_predict": n_predict, "repeats": repeats,
+              "prompts": {k: len(v) for k, v in prompt_sets.items()}}
+    if interrupted:
+        result["interrupted"] = True
+        result["prompts_measured"] = {k: measured[k] for k in prompt_sets}
+    return result
 
 
 def bench_table(result: dict) -> Table:

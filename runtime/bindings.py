@@ -54,3 +54,18 @@ def _declare(h: ctypes.CDLL) -> None:
             raise PatchedWheelMissing(f"patched libllama lacks {name}; rebuild with scripts/build_wheel.py")
         fn.argtypes = args
         fn.restype = res
+
+
+@cache
+def address_fns() -> tuple:
+    """(llama_get_logits_ith, laguna_ext_get_capture) returning plain int addresses (0 for NULL).
+
+    The hot path keys cached numpy views by address; a POINTER(c_float) result would need a cast
+    and a new ctypes array type per call. These are separate function objects (CDLL item access
+    makes a new one), so llama_cpp's own declarations stay as they are."""
+    h = lib()
+    logits = h["llama_get_logits_ith"]
+    logits.argtypes, logits.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p
+    capture = h["laguna_ext_get_capture"]
+    capture.argtypes, capture.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p
+    return logits, capture

@@ -12,30 +12,41 @@ from __future__ import annotations
 import numpy as np
 
 from . import bindings
-from .llama import Context, ContextParams, LlamaError, Model
+from .llama import Context, ContextParams, LlamaError, Model, microbatch_for_window
 from .pair import DrafterSpec, check_pair, fuse_features, read_drafter, read_target
 
 
 class Drafter:
     def __init__(self, path, target_ctx: Context, n_gpu_layers: int = 0,
                  n_batch: int = 512, kv_type: str = "f16", n_threads: int = 0,
-                 spec: DrafterSpec | None = None, check_target: bool = True) -> None:
+                 spec: DrafterSpec | None = None, check_target: bool = True,
+                 model: Model | None = None) -> None:
+        """``model``: the drafter already loaded (several drafters over one model, e.g. the
+        server's slots); it stays open when this drafter closes."""
         self.spec = spec or read_drafter(path)
         if check_target:
             check_pair(self.spec, read_target(target_ctx.model.path))
         self.target_ctx = target_ctx
-        self.model = Model(self.spec.path, n_gpu_layers=n_gpu_layers)
+        self._owns_model = model is None
+        self.model = model if model is not None else Model(self.spec.path, n_gpu_layers=n_gpu_layers)
         if not bindings.lib().laguna_ext_model_is_dflash_laguna(self.model.ptr):
             raise LlamaError(f"{self.spec.path}: loaded, but not as a Laguna DFlash drafter")
         # the block (<= block_size rows) must decode as one ubatch, so the SWA cache only
-        # evicts cells no later query can see (see runtime docs on rollback)
+        # evicts cells no later query can see (see runtime docs on rollback); within that, the
+        # microbatch that keeps the window's cache smallest (a draft attends to all of it)
         n_batch = max(n_batch, self.spec.block_size)
-        params = ContextParams(n_ctx=target_ctx.n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+        n_ubatch = microbatch_for_window(self.spec.sliding_window, n_batch, floor=max(64, self.spec.block_size))
+        params = ContextParams(n_ctx=target_ctx.n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
                                kv_type=kv_type, n_threads=n_threads or target_ctx.params.n_threads)
         self.ctx = Context(self.model, params, other=target_ctx)
         self.ctx.set_causal(True)
+        self._block = [self.spec.mask_token_id] * self.spec.block_size
         self.n_context = 0  # positions [0, n_context) are in the drafter's cache
         self._cache_empty = True
+        self._width = len(self.spec.capture_slots) * target_ctx.model.n_embd
+        # rows of plain steps captured but not yet injected (see queue_row)
+        self._pending = np.empty((0, self._width), dtype=np.float32)
+        self.n_pending = 0
 
     # -- capture on the target side
 
@@ -64,6 +75,51 @@ class Drafter:
 
     # -- context
 
+    def inject_captured(self, n: int, start_pos: int) -> None:
+        """Append the first n rows of the target's last decode as context rows for positions
+        start_pos.., gathered from the target's capture buffers straight into the drafter's
+        batch (a round's rollback: the bonus and the accepted drafts)."""
+        if start_pos != self.n_context:
+            raise LlamaError(f"context injection at position {start_pos}, expected {self.n_context}")
+        if n > self.ctx.n_batch:
+            self.inject(self.captured_features(slice(0, n)), start_pos)
+            return
+        h = self.target_ctx.model.n_embd
+        rows = self.ctx.embd_rows(self._width, n)
+        for i, s in enumerate(self.capture_slots):
+            rows[:, i * h:(i + 1) * h] = self.target_ctx.capture_view(s, n)
+        self.ctx.decode_embd_rows(self._width, n, start_pos)
+        self._cache_empty = False
+        self.n_context += n
+
+    def queue_row(self) -> None:
+        """Keep the row the target captured in its last (one-row) decode for the next
+        ``flush_pending``: plain steps inject lazily, a drafting round reads them all at once."""
+        if self.n_pending == len(self._pending):
+            grown = np.empty((max(16, 2 * len(self._pending)), self._width), dtype=np.float32)
+            grown[:self.n_pending] = self._pending[:self.n_pending]
+            self._pending = grown
+        h = self.target_ctx.model.n_embd
+        row = self._pending[self.n_pending]
+        for i, s in enumerate(self.capture_slots):
+            row[i * h:(i + 1) * h] = self.target_ctx.capture_view(s, 1)[0]
+        self.n_pending += 1
+
+    def flush_pending(self, next_query: int) -> None:
+        """Inject the queued rows (those a query at next_query can see)."""
+        if self.n_pending:
+            self.inject_visible(self._pending[:self.n_pending], self.n_context, next_query)
+            self.n_pending = 0
+
+    def drop_pending(self) -> None:
+        """Forget the queued rows without accounting for them (a new sequence starts)."""
+        self.n_pending = 0
+
+    def skip_pending(self, extra: int) -> None:
+        """Drop the queued rows and ``extra`` more unread ones: no future query will see them."""
+        self.skip_context(self.n_pending + extra)
+        self.n_pending = 0
+
     def inject(self, features: np.ndarray, start_pos: int) -> None:
         """Append context rows for target positions start_pos .. start_pos + T - 1."""
         if start_pos != self.n_context:
@@ -77,7 +133,11 @@ class Drafter:
 
     def inject_visible(self, features: np.ndarray, start_pos: int, next_query: int) -> None:
         """Like inject, but rows that no query at or after ``next_query`` can see through the
-        sliding window (position <= next_query - window) are skipped, not computed."""
+        sliding window (position <= next_query - window) are skipped, not computed. Without a
+        window (full attention) every row stays visible and is injected."""
+        if not self.spec.sliding_window:
+            self.inject(features, start_pos)
+            return
         first_visible = next_query - self.spec.sliding_window + 1
         skip = min(len(features), max(0, first_visible - start_pos))
         if skip:
@@ -101,7 +161,33 @@ class Drafter:
         """Forget every context row (a new sequence starts at position 0)."""
         self.ctx.clear()
         self.n_context = 0
+        self.n_pending = 0
         self._cache_empty = True
+
+    def trim(self, n_keep: int, next_query: int) -> int:
+        """For a new sequence that shares its first ``n_keep`` positions with the cached one and
+        drafts first at ``next_query``: keep what the cache holds of those positions, drop the
+        rest, and return the position from which the caller must inject rows again (at most
+        ``n_keep``). The draft at ``next_query`` sees the rows of its window; rows of it that
+        the cache lacks (never injected: plain steps at the end of the last sequence, or
+        evicted from the sliding-window cache) make the return value smaller, so that the
+        target recomputes them."""
+        window = self.spec.sliding_window
+        need = max(0, next_query - window + 1) if window > 0 else 0  # first row the draft sees
+        if n_keep <= need:  # no kept row is visible: start over, as a fresh sequence would
+            self.reset()
+            self.skip_context(n_keep)
+            return n_keep
+        lo, hi = self.ctx.pos_min(), min(self.ctx.pos_max() + 1, self.n_context)
+        if not 0 <= lo <= need < hi:
+            self.reset()
+            self.skip_context(need)
+            return need
+        keep = min(n_keep, hi)
+        self.ctx.seq_rm(keep, -1)
+        self.n_context = keep
+        self._cache_empty = False
+        return keep
 
     def truncate(self, n_keep: int) -> None:
         """Drop context positions >= n_keep."""
@@ -133,11 +219,21 @@ class Drafter:
         return self.block_logits([bonus] + [self.spec.mask_token_id] * n_draft, first_row=1)
 
     def draft(self, bonus: int, n_draft: int) -> list[int]:
-        return [int(t) for t in self.draft_logits(bonus, n_draft).argmax(axis=1)]
+        """The drafter's greedy proposals for the block [bonus, MASK * n_draft]."""
+        if not 1 <= n_draft <= self.spec.max_draft:
+            raise LlamaError(f"n_draft {n_draft} outside 1..{self.spec.max_draft}")
+        pos0 = self.n_context
+        self._block[0] = bonus
+        self.ctx.decode_block(self._block[:n_draft + 1], pos0, first_output=1)
+        try:
+            return self.ctx.logits_block(n_draft, first=1).argmax(axis=1).tolist()
+        finally:
+            self.ctx.seq_rm(pos0, -1)
 
     def close(self) -> None:
         self.ctx.close()
-        self.model.close()
+        if self._owns_model:
+            self.model.close()
 
     def __enter__(self) -> "Drafter":
         return self

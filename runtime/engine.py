@@ -13,16 +13,21 @@ leave the target's KV cache and only the accepted rows' captured states enter th
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from convert.gguf_rules import read_header_cached
+
 from .drafter import Drafter
-from .llama import Context, ContextParams, LlamaError, Model
-from .pair import read_target
+from .llama import ClosedError, Context, ContextParams, LlamaError, Model, microbatch_for_window
+from .pair import DRAFT_ARCH, check_pair, read_drafter, read_target
 from .sampling import Sampler, SamplingParams
 from .tuner import DepthPolicy, FixedDepth, capture_horizon
 
@@ -31,12 +36,15 @@ from .tuner import DepthPolicy, FixedDepth, capture_horizon
 class EngineConfig:
     n_ctx: int = 4096
     n_batch: int = 512
-    n_ubatch: int = 512
+    n_ubatch: int | None = None  # None: the largest that keeps the sliding-window cache smallest
     n_threads: int = 0
     n_gpu_layers: int = 0
     n_gpu_layers_draft: int = 0
     kv_type: str = "f16"
     verbose: bool = False
+    # keep the caches of the last sequence and prefill a new prompt only after the longest
+    # token prefix it shares with it (a chat's next turn re-reads only the new messages)
+    prompt_cache: bool = True
 
 
 @dataclass
@@ -55,6 +63,7 @@ class GenerateOptions:
 @dataclass
 class Stats:
     n_prompt: int = 0
+    n_cached: int = 0  # prompt tokens taken from the prompt cache (not prefilled)
     n_generated: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -102,7 +111,7 @@ class Stats:
 
     def as_dict(self) -> dict:
         return {
-            "n_prompt": self.n_prompt, "n_generated": self.n_generated, "rounds": self.rounds,
+            "n_prompt": self.n_prompt, "n_cached": self.n_cached, "n_generated": self.n_generated, "rounds": self.rounds,
             "drafted": self.drafted, "accepted": self.accepted,
             "mean_accepted_per_round": self.mean_accepted,
             "acceptance_by_position": self.acceptance_by_position,
@@ -122,37 +131,92 @@ class GenerationResult:
     stop_reason: str
 
 
+class EngineBusy(RuntimeError):
+    """generate/stream called while this thread's own stream of the same engine is still open."""
+
+
+class _OneAtATime:
+    """The engine's lock: other threads wait for the running call; the thread that holds it may
+    call the helpers (tokenize, detokenize, close: from a trace callback, or with a stream still
+    open) but cannot start a second sequence, which would reset the cache under the first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+
+    @contextlib.contextmanager
+    def hold(self, *, reentrant: bool) -> Iterator[None]:
+        me = threading.get_ident()
+        if self._owner == me:
+            if not reentrant:
+                raise EngineBusy("this engine is already generating in this thread (an open stream?): "
+                                 "finish or close it first")
+            yield
+            return
+        with self._lock:
+            self._owner = me
+            try:
+                yield
+            finally:
+                self._owner = None
+
+
 class Engine:
-    """A loaded target (and optional drafter) ready to generate."""
+    """A loaded target (and optional drafter) ready to generate.
+
+    One engine runs one sequence at a time: its contexts hold one KV cache each. Calls from
+    several threads are safe and serialize: ``generate``, ``stream`` (for as long as the
+    stream is open), ``tokenize``, ``detokenize``, ``reset`` and ``close`` wait for the call
+    running in another thread. Within one thread, starting a second ``generate``/``stream``
+    while a stream is still open raises :class:`EngineBusy`. For parallel sequences use one
+    engine per thread.
+
+    After ``close()`` every call raises :class:`~runtime.llama.ClosedError`; so does any use of
+    the engine once its target ``Model`` was closed. Token ids given to it (a prompt of ids,
+    ``detokenize``) are checked against the vocabulary first (ValueError naming the id).
+    """
 
     def __init__(self, target: Model, drafter_path=None, config: EngineConfig | None = None,
-                 max_depth: int | None = None) -> None:
+                 max_depth: int | None = None, drafter_model: Model | None = None) -> None:
+        """``drafter_model``: the drafter at ``drafter_path`` already loaded, shared by several
+        engines over one target ``Model`` (each engine has its own contexts); left open by close()."""
         self.config = cfg = config or EngineConfig()
+        self._serial = _OneAtATime()
+        self._closed = False
+        self._owns_target = False  # Engine.load's model is closed with the engine
         self.target = target
         self.target_spec = read_target(target.path)
         draft_spec = None
         if drafter_path is not None:
+            from convert.poolside import native_drafter_path
+
             from .pair import check_pair, read_drafter
 
+            drafter_path = native_drafter_path(drafter_path, target.path)  # Poolside's layout: its cached rewrite
             draft_spec = read_drafter(drafter_path)
             check_pair(draft_spec, self.target_spec)
         deepest = max_depth if max_depth is not None else (draft_spec.max_draft if draft_spec else 0)
+        n_ubatch = cfg.n_ubatch or microbatch_for_window(self.target_spec.sliding_window, cfg.n_batch,
+                                                         floor=max(64, deepest + 1))
         # A verify pass must be one ubatch, or the sliding-window cache may evict cells that a
         # rollback makes visible again; keep the whole window when it could be split.
-        swa_full = draft_spec is not None and cfg.n_ubatch < deepest + 1
+        swa_full = draft_spec is not None and n_ubatch < deepest + 1
         self.ctx = Context(target, ContextParams(
-            n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_ubatch, kv_type=cfg.kv_type,
+            n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
             n_threads=cfg.n_threads, swa_full=swa_full))
         self._auto = None
+        self._cached: list[int] = []  # the tokens whose rows the caches hold (the prompt cache)
         self.last_stats: Stats | None = None
         self.last_stop_reason: str | None = None
         self.drafter: Drafter | None = None
-        # plain steps this close to a drafting round read their rows for the drafter
-        self.capture_horizon = capture_horizon(draft_spec.sliding_window if draft_spec else 0)
+        # plain steps this close to a drafting round read their rows for the drafter; a drafter
+        # without a window sees every row, so every plain step reads its row
+        window = draft_spec.sliding_window if draft_spec else 0
+        self.capture_horizon = capture_horizon(window) if window or draft_spec is None else math.inf
         if draft_spec is not None:
             self.drafter = Drafter(drafter_path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
                                    kv_type=cfg.kv_type, n_threads=cfg.n_threads, spec=draft_spec,
-                                   check_target=False)
+                                   check_target=False, model=drafter_model)
             self.drafter.enable_capture()
 
     @classmethod
@@ -161,15 +225,38 @@ class Engine:
         from .llama import set_verbose
 
         set_verbose(cfg.verbose)
-        return cls(Model(target_path, n_gpu_layers=cfg.n_gpu_layers), drafter_path, cfg)
+        # Every header value llama.cpp reads is range-checked before any model exists; a drafter
+        # in another layout (Poolside's) is checked once rewritten, in __init__.
+        target_spec = read_target(target_path)
+        if drafter_path is not None and read_header_cached(drafter_path).arch == DRAFT_ARCH:
+            check_pair(read_drafter(drafter_path), target_spec)
+        model = Model(target_path, n_gpu_layers=cfg.n_gpu_layers)
+        try:
+            engine = cls(model, drafter_path, cfg)
+        except BaseException:
+            model.close()
+            raise
+        engine._owns_target = True
+        return engine
 
     # ------------------------------------------------------------------ helpers
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("engine already closed")
+        if self.target.closed:
+            raise ClosedError(f"{self.target.path}: the engine's target model was closed")
+
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
-        return self.target.tokenize(text, add_special=add_bos, parse_special=True)
+        with self._serial.hold(reentrant=True):
+            self._check_open()
+            return self.target.tokenize(text, add_special=add_bos, parse_special=True)
 
     def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+        """Text of token ids; ValueError naming the first id outside the vocabulary."""
+        with self._serial.hold(reentrant=True):
+            self._check_open()
+            return self.target.detokenize(tokens).decode("utf-8", errors="replace")
 
     def _set_capture(self, enable: bool) -> None:
         if self.drafter is not None:
@@ -177,9 +264,49 @@ class Engine:
                 self.ctx.set_capture(slot, enable)
 
     def reset(self) -> None:
-        self.ctx.clear()
-        if self.drafter is not None:
-            self.drafter.reset()
+        with self._serial.hold(reentrant=True):
+            self._check_open()
+            self._cached = []
+            self.ctx.clear()
+            if self.drafter is not None:
+                self.drafter.reset()
+
+    def cached_prefix(self, tokens) -> int:
+        """How many leading ``tokens`` the prompt cache holds from the last sequence (0 when
+        it is off); a server picks the slot to run a prompt on by it. It reads a snapshot and
+        never waits for a running generation (which empties the cache until it ends)."""
+        cached = self._cached
+        if not self.config.prompt_cache:
+            return 0
+        n = min(len(cached), len(tokens))
+        if n == 0:
+            return 0
+        diff = np.flatnonzero(np.asarray(cached[:n]) != np.asarray(list(tokens[:n])))
+        return int(diff[0]) if len(diff) else n
+
+    def _reuse_prefix(self, prompt_tokens: list[int], drafter: Drafter | None) -> int:
+        """Trim the caches to the longest prefix of the prompt that they hold and return the
+        position prefill starts from; everything before it is reused as it is."""
+        # the last prompt token is always decoded: its logits give the first new token
+        n_keep = min(self.cached_prefix(prompt_tokens), len(prompt_tokens) - 1)
+        self._cached = []  # until this sequence completes, the caches hold no finished one
+        window = self.target_spec.sliding_window
+        if n_keep > 0 and window > 0:
+            # the target's sliding-window layers keep only the cells of a recent window; the
+            # first new query must see the positions after n_keep - window (llama-server's rule)
+            lo = self.ctx.pos_min()
+            if lo < 0 or lo > max(0, n_keep - window):
+                n_keep = 0
+        if n_keep > 0 and self.drafter is not None:
+            if drafter is not None:  # the first draft needs the rows of its window
+                n_keep = self.drafter.trim(n_keep, len(prompt_tokens))
+            else:  # a plain run: keep the drafter's rows of the shared prefix valid
+                self.drafter.truncate(n_keep)
+        if n_keep == 0:
+            self.reset()
+        else:
+            self.ctx.seq_rm(n_keep, -1)
+        return n_keep
 
     def _policy(self, n_max: int | str) -> DepthPolicy:
         if isinstance(n_max, DepthPolicy):
@@ -205,6 +332,11 @@ class Engine:
     # ------------------------------------------------------------------ generation
 
     def generate(self, prompt: str | list[int], options: GenerateOptions | None = None) -> GenerationResult:
+        with self._serial.hold(reentrant=False):
+            self._check_open()
+            return self._generate(prompt, options)
+
+    def _generate(self, prompt: str | list[int], options: GenerateOptions | None) -> GenerationResult:
         tokens: list[int] = []
         gen = self._run(prompt, options or GenerateOptions(), tokens)
         stop_reason = "length"
@@ -219,20 +351,24 @@ class Engine:
         return GenerationResult(tokens=tokens, text=text, stats=stats, stop_reason=stop_reason)
 
     def stream(self, prompt: str | list[int], options: GenerateOptions | None = None) -> Iterator[str]:
-        """Text pieces as tokens are accepted (a whole accepted run at a time)."""
-        tokens: list[int] = []
-        pending = b""
-        for new in self._run(prompt, options or GenerateOptions(), tokens):
-            pending += b"".join(self.target.token_bytes(t) for t in new)
-            text, pending = _split_utf8(pending)
-            if text:
-                yield text
-        if pending:
-            yield pending.decode("utf-8", errors="replace")
+        """Text pieces as tokens are accepted (a whole accepted run at a time). The engine is
+        held from the first piece until the stream ends or is closed."""
+        with self._serial.hold(reentrant=False):
+            self._check_open()
+            tokens: list[int] = []
+            pending = b""
+            for new in self._run(prompt, options or GenerateOptions(), tokens):
+                pending += b"".join(self.target.token_bytes(t) for t in new)
+                text, pending = _split_utf8(pending)
+                if text:
+                    yield text
+            if pending:
+                yield pending.decode("utf-8", errors="replace")
 
     def _run(self, prompt, opts: GenerateOptions, out: list[int]):
         """Generator: yields each round's newly emitted tokens; returns (stats, stop_reason)."""
-        prompt_tokens = self.tokenize(prompt, opts.add_bos) if isinstance(prompt, str) else list(prompt)
+        prompt_tokens = self.tokenize(prompt, opts.add_bos) if isinstance(prompt, str) \
+            else self.target.check_tokens(prompt)
         if not prompt_tokens:
             raise ValueError("empty prompt")
         if len(prompt_tokens) + opts.n_predict + 16 > self.ctx.n_ctx:
@@ -242,34 +378,20 @@ class Engine:
         sampler = Sampler(opts.sampling)
         # a fixed depth of 0 is plain decoding: no capture, no drafter bookkeeping
         drafter = None if isinstance(policy, FixedDepth) and policy.depth == 0 else self.drafter
-        self._set_capture(drafter is not None)
+        capture = _Capture(self, drafter is not None)
         stats = Stats(n_prompt=len(prompt_tokens))
-        self.reset()
-
-        # ---- prefill, injecting each chunk's captured rows into the drafter
-        t0 = time.perf_counter()
-        n_batch = self.ctx.n_batch
-        for i0 in range(0, len(prompt_tokens), n_batch):
-            chunk = prompt_tokens[i0:i0 + n_batch]
-            self.ctx.decode(chunk, np.arange(i0, i0 + len(chunk)), logits="last")
-            if drafter is not None:
-                # only the last window of the prompt is visible to the first draft
-                drafter.inject_visible(drafter.captured_features(), i0, len(prompt_tokens))
+        rec = _Recorder(stats, policy, opts.trace)
+        bonus = self._prefill(prompt_tokens, drafter, sampler, stats)
         history = list(prompt_tokens)
-        bonus = sampler.sample(self.ctx.logits_view(len(chunk) - 1), history)
-        stats.t_prefill = time.perf_counter() - t0
-
-        t_start = time.perf_counter()
-        n_past = len(prompt_tokens)  # target KV holds positions [0, n_past)
-        pending: list[np.ndarray] = []  # captured rows not yet in the drafter (plain steps)
-        capturing = drafter is not None
+        n_past = len(prompt_tokens)  # the target's KV cache holds positions [0, n_past)
         emitted = [bonus]
         stop_reason = "length"
+
+        rec.generation_begins()
         while True:
-            # the tuner is told the time from here to its observe() call: emitting and checking
-            # the last round's tokens is part of what every round costs
-            t_round0 = time.perf_counter()
-            # ---- emit what the last round produced, up to the first stop condition
+            # ---- emit what the last round produced, up to the first stop condition (a round's
+            # cost, as the tuner sees it, starts here)
+            rec.round_begins()
             n_keep, reason = self._stop_check(out, emitted, opts)
             if reason is None and opts.should_stop is not None and opts.should_stop():
                 reason = "interrupted"
@@ -281,98 +403,76 @@ class Engine:
             if reason is not None:
                 stop_reason = reason
                 break
+            rec.mark("host")
+            depth = min(policy.choose(), opts.n_predict - len(out) - 1, self.ctx.n_ctx - n_past - 2)
+            rec.mark("policy")
 
-            t0 = tp = time.perf_counter()
-            remaining = opts.n_predict - len(out)
-            depth = min(policy.choose(), remaining - 1, self.ctx.n_ctx - n_past - 2)
-            stats.t_policy += time.perf_counter() - tp
-            if drafter is None:
-                depth = 0
-            if depth <= 0:
-                # ---- plain step
-                # while the tuner promises more plain steps than the drafter reads back before
-                # its next draft, the target need not capture this row (each captured row is
-                # copied out of the graph, off the device on a GPU, and queued for the drafter)
+            if drafter is None or depth <= 0:
+                # ---- plain step. While the tuner promises more plain steps than the drafter
+                # reads back before its next draft, the target need not capture the row (each
+                # captured row is copied out of the graph, off the device on a GPU)
                 need_row = drafter is not None and policy.plain_rounds_ahead() < self.capture_horizon
-                if need_row != capturing:
-                    self._set_capture(need_row)
-                    capturing = need_row
-                t1 = time.perf_counter()
-                self.ctx.decode([bonus], [n_past], logits="last")
-                t2 = time.perf_counter()
-                if drafter is not None:
-                    if need_row:
-                        pending.append(drafter.captured_features())
-                    else:
-                        drafter.skip_context(sum(len(p) for p in pending) + 1)
-                        pending.clear()
+                capture.set(need_row)
+                rec.mark("host")
+                self.ctx.step(bonus, n_past)
+                rec.mark("verify")
+                if need_row:
+                    drafter.queue_row()
+                elif drafter is not None:
+                    drafter.skip_pending(1)
                 nxt = sampler.sample(self.ctx.logits_view(0), history[-sampler.history_len:] if sampler.history_len else ())
-                stats.t_verify += t2 - t1
-                tp = time.perf_counter()
-                policy.observe(0, 0, tp - t_round0)
-                stats.t_policy += time.perf_counter() - tp
-                stats.record_round(0, 0)
-                if opts.trace:
-                    opts.trace({"round": stats.rounds, "pos": n_past, "depth": 0, "bonus": int(bonus),
-                                "drafted": [], "accepted": 0, "next": int(nxt), "n_past": n_past + 1,
-                                **policy.decision()})
-                n_past += 1
-                emitted = [nxt]
-                bonus = nxt
+                rec.round_ends(0, 0, bonus, [], nxt, n_past, n_past + 1)
+                n_past, emitted, bonus = n_past + 1, [nxt], nxt
                 continue
 
-            # ---- draft
-            if not capturing:
-                self._set_capture(True)
-                capturing = True
-            t1 = time.perf_counter()
-            t_catchup = 0.0
-            if pending:
-                drafter.inject_visible(np.concatenate(pending), drafter.n_context, n_past)
-                pending.clear()
-                t_catchup = time.perf_counter() - t1
+            # ---- draft, after reading the rows of the plain steps before (the catch-up)
+            capture.set(True)
+            rec.mark("host")
+            if drafter.n_pending:
+                drafter.flush_pending(n_past)
+                rec.mark("catchup")
             drafts = drafter.draft(bonus, depth)
-            t2 = time.perf_counter()
-            # ---- verify
-            block = [bonus] + drafts
-            self.ctx.decode(block, np.arange(n_past, n_past + len(block)), logits="all")
-            t3 = time.perf_counter()
-            # ---- accept: the target's own choice at each row, until it disagrees
-            recent = history[-sampler.history_len:] if sampler.history_len else history[:0]
-            n_acc = 0
-            nxt = -1
-            for i in range(len(block)):
-                tok = sampler.sample(self.ctx.logits_view(i), recent + drafts[:i] if sampler.history_len else ())
-                if i < depth and tok == drafts[i]:
-                    n_acc += 1
-                    continue
-                nxt = tok
-                break
-            t4 = time.perf_counter()
-            # ---- roll back: keep bonus + accepted drafts in the target, feed their rows to the drafter
+            rec.mark("draft")
+            # ---- verify: one target pass over [bonus, drafts]; accept while the target's own
+            # choice at each row equals the draft
+            self.ctx.decode_block([bonus] + drafts, n_past)
+            rec.mark("verify")
+            n_acc, nxt = sampler.accept(self.ctx.logits_block(depth + 1), drafts, history)
+            rec.mark("host")
+            # ---- roll back: the target keeps bonus + accepted drafts, the drafter reads their rows
             keep = n_past + 1 + n_acc
             self.ctx.seq_rm(keep, -1)
-            drafter.inject(drafter.captured_features(slice(0, 1 + n_acc)), n_past)
-            t5 = time.perf_counter()
-            stats.t_draft += (t2 - t1) + (t5 - t4)
-            stats.t_verify += t3 - t2
-            tp = time.perf_counter()
-            policy.observe(depth, n_acc, tp - t_round0 - t_catchup, t_catchup)
-            stats.t_policy += time.perf_counter() - tp
-            stats.record_round(depth, n_acc)
-            if opts.trace:
-                opts.trace({"round": stats.rounds, "pos": n_past, "depth": depth, "bonus": int(bonus),
-                            "drafted": [int(d) for d in drafts], "accepted": n_acc, "next": int(nxt),
-                            "n_past": keep, **policy.decision()})
-            n_past = keep
-            emitted = drafts[:n_acc] + [nxt]
-            bonus = nxt
+            drafter.inject_captured(1 + n_acc, n_past)
+            rec.mark("draft")
+            rec.round_ends(depth, n_acc, bonus, drafts, nxt, n_past, keep)
+            n_past, emitted, bonus = keep, drafts[:n_acc] + [nxt], nxt
 
-        stats.t_total = time.perf_counter() - t_start
-        stats.n_generated = len(out)
-        stats.policy = policy.describe()
+        rec.generation_ends(len(out))
+        if self.config.prompt_cache:
+            # the prompt cache: the target holds the prompt and the emitted tokens up to its last
+            # decoded position (an accepted draft after a stop is left out: recomputed if needed)
+            seq = prompt_tokens + out
+            self._cached = seq[:min(len(seq), self.ctx.pos_max() + 1)]
         self.last_stats, self.last_stop_reason = stats, stop_reason
         return stats, stop_reason
+
+    def _prefill(self, prompt_tokens: list[int], drafter: Drafter | None, sampler: Sampler, stats: Stats) -> int:
+        """Decode the prompt in n_batch chunks after the prefix the prompt cache holds, injecting
+        each chunk's captured rows into the drafter (only the last window of the prompt is
+        visible to the first draft); returns the first token."""
+        t0 = time.perf_counter()
+        if self.drafter is not None:
+            self.drafter.drop_pending()  # rows queued by the last sequence's final plain steps
+        stats.n_cached = n_cached = self._reuse_prefix(prompt_tokens, drafter)
+        n_batch = self.ctx.n_batch
+        for i0 in range(n_cached, len(prompt_tokens), n_batch):
+            chunk = prompt_tokens[i0:i0 + n_batch]
+            self.ctx.decode(chunk, np.arange(i0, i0 + len(chunk)), logits="last")
+            if drafter is not None:
+                drafter.inject_visible(drafter.captured_features(), i0, len(prompt_tokens))
+        bonus = sampler.sample(self.ctx.logits_view(len(chunk) - 1), prompt_tokens)
+        stats.t_prefill = time.perf_counter() - t0
+        return bonus
 
     def _stop_check(self, out: list[int], emitted: list[int], opts: GenerateOptions) -> tuple[int, str | None]:
         """How many of this round's tokens to keep, and why generation stops (None: it goes on).
@@ -394,16 +494,88 @@ class Engine:
         return len(emitted), None
 
     def close(self) -> None:
-        if self.drafter is not None:
-            self.drafter.close()
-            self.drafter = None
-        self.ctx.close()
+        """Free both contexts (and the target model when Engine.load made it); waits for a
+        generation running in another thread. Closing twice is harmless."""
+        with self._serial.hold(reentrant=True):
+            self._closed = True
+            if self.drafter is not None:
+                self.drafter.close()
+                self.drafter = None
+            if getattr(self, "ctx", None) is not None:
+                self.ctx.close()
+            if self._owns_target:
+                self.target.close()
 
     def __enter__(self) -> "Engine":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _Capture:
+    """Whether the target captures the drafter's layers; switched only when it changes (a switch
+    costs the next decode a graph rebuild)."""
+
+    def __init__(self, engine: Engine, on: bool) -> None:
+        self.engine, self.on = engine, on
+        engine._set_capture(on)
+
+    def set(self, on: bool) -> None:
+        if on != self.on:
+            self.engine._set_capture(on)
+            self.on = on
+
+
+class _Recorder:
+    """The timing and tracing around the round loop. The loop marks where each phase ends;
+    the time since the previous mark goes to that phase's total in Stats ("host" to none:
+    Stats.t_host is what the others leave). At a round's end the depth policy is told the
+    round's wall time (from round_begins, catch-up apart) and the trace gets one record."""
+
+    _FIELDS = {"draft": "t_draft", "catchup": "t_draft", "verify": "t_verify", "policy": "t_policy"}
+
+    def __init__(self, stats: Stats, policy: DepthPolicy, trace: Callable[[dict], None] | None) -> None:
+        self.stats, self.policy, self.trace = stats, policy, trace
+        self.totals = dict.fromkeys(("draft", "catchup", "verify", "policy", "host"), 0.0)
+        self.clock = time.perf_counter
+
+    def generation_begins(self) -> None:
+        self.t_start = self.clock()
+
+    def round_begins(self) -> None:
+        self.t_round = self.last = self.clock()
+        self.t_catchup = self.totals["catchup"]
+
+    def mark(self, phase: str) -> None:
+        now = self.clock()
+        self.totals[phase] += now - self.last
+        self.last = now
+
+    def round_ends(self, depth: int, n_acc: int, bonus: int, drafts: list[int], nxt: int, pos: int,
+                   n_past: int) -> None:
+        now = self.clock()
+        self.totals["host"] += now - self.last
+        if depth:
+            catchup = self.totals["catchup"] - self.t_catchup
+            self.policy.observe(depth, n_acc, now - self.t_round - catchup, catchup)
+        else:
+            self.policy.observe(0, 0, now - self.t_round)
+        self.last = self.clock()
+        self.totals["policy"] += self.last - now
+        self.stats.record_round(depth, n_acc)
+        if self.trace:
+            self.trace({"round": self.stats.rounds, "pos": pos, "depth": depth, "bonus": int(bonus),
+                        "drafted": [int(d) for d in drafts], "accepted": n_acc, "next": int(nxt),
+                        "n_past": n_past, **self.policy.decision()})
+
+    def generation_ends(self, n_generated: int) -> None:
+        s = self.stats
+        s.t_total = self.clock() - self.t_start
+        for phase, field_name in self._FIELDS.items():
+            setattr(s, field_name, getattr(s, field_name) + self.totals[phase])
+        s.n_generated = n_generated
+        s.policy = self.policy.describe()
 
 
 def _split_utf8(data: bytes) -> tuple[str, bytes]:

@@ -12,41 +12,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGUFValueType
 
-from convert.errors import ContractError, UserError
+from convert import gguf_keys
+from convert.errors import ContractError
+from convert.gguf_header import Header
+from convert.gguf_rules import checked_header, read_header_cached
 
-DRAFT_ARCH = "dflash-draft"
-
-
-def _reader(path: Path):
-    import gguf
-
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-    try:
-        return gguf.GGUFReader(str(path), "r")
-    except Exception as e:  # gguf raises ValueError/struct errors on non-GGUF input
-        raise UserError(f"{path}: not a readable GGUF file ({e.__class__.__name__}: {e})") from None
+DRAFT_ARCH = gguf_keys.ARCH
 
 
-def _scalar(reader, key: str, path: Path, required: bool = True):
-    f = reader.fields.get(key)
-    if f is None:
-        if required:
-            raise ContractError(path, key, "present", "missing")
-        return None
-    return f.contents()
-
-
-def _tokens_digest(reader) -> tuple[int, str]:
-    f = reader.fields.get("tokenizer.ggml.tokens")
-    if f is None:
+def _tokens_digest(header: Header) -> tuple[int, str]:
+    f = header.fields.get("tokenizer.ggml.tokens")
+    if f is None or not f.is_array or f.sub_type != GGUFValueType.STRING:
         return 0, ""
     h = hashlib.sha256()
-    for idx in f.data:
-        h.update(bytes(f.parts[idx]))
+    for token in f.value:
+        h.update(token)
         h.update(b"\0")
-    return len(f.data), h.hexdigest()
+    return len(f.value), h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -71,7 +55,7 @@ class DrafterSpec:
     block_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
-    sliding_window: int
+    sliding_window: int  # 0: full attention (every context row stays visible)
     n_vocab: int
     tokens_sha256: str
     target_name: str | None
@@ -87,73 +71,51 @@ class DrafterSpec:
 
 
 def read_target(path: str | Path) -> TargetSpec:
+    """The target's contract; every header value llama.cpp reads is range-checked (convert/gguf_rules.py)."""
     path = Path(path)
-    r = _reader(path)
-    arch = str(_scalar(r, "general.architecture", path))
-    n_vocab, digest = _tokens_digest(r)
+    header = checked_header(path)
+    arch = header.arch
+    if arch == DRAFT_ARCH:
+        raise ContractError(path, "general.architecture", "the target model (e.g. laguna)", f"{arch!r}, a drafter")
+    n_vocab, digest = _tokens_digest(header)
     if n_vocab == 0:
         raise ContractError(path, "tokenizer.ggml.tokens", "a vocabulary", "none")
     return TargetSpec(
         path=path,
         arch=arch,
-        n_layer=int(_scalar(r, f"{arch}.block_count", path)),
-        n_embd=int(_scalar(r, f"{arch}.embedding_length", path)),
+        n_layer=header.get(f"{arch}.block_count"),
+        n_embd=header.get(f"{arch}.embedding_length"),
         n_vocab=n_vocab,
         tokens_sha256=digest,
-        sliding_window=int(_scalar(r, f"{arch}.attention.sliding_window", path, required=False) or 0),
+        sliding_window=header.get(f"{arch}.attention.sliding_window") or 0,
     )
 
 
 def read_drafter(path: str | Path) -> DrafterSpec:
-    """The drafter's contract (SPEC §5a), every field checked for what llama.cpp would assert on."""
+    """The drafter's contract (SPEC §5a); every value llama.cpp would assert on is checked first."""
     path = Path(path)
-    r = _reader(path)
-    arch = _scalar(r, "general.architecture", path)
-    if arch != DRAFT_ARCH:
-        raise ContractError(path, "general.architecture", DRAFT_ARCH, arch)
+    header = read_header_checked_arch(path, DRAFT_ARCH)
     p = DRAFT_ARCH
-    if _scalar(r, f"{p}.dflash.laguna", path, required=False) is not True:
-        raise ContractError(path, f"{p}.dflash.laguna", True, _scalar(r, f"{p}.dflash.laguna", path, False))
-    if _scalar(r, f"{p}.attention.causal", path, required=False) is not True:
-        raise ContractError(path, f"{p}.attention.causal", True, _scalar(r, f"{p}.attention.causal", path, False))
-    n_layer = int(_scalar(r, f"{p}.block_count", path))
-    if not 1 <= n_layer <= 512:
-        raise ContractError(path, f"{p}.block_count", "1..512", n_layer)
-    n_embd = int(_scalar(r, f"{p}.embedding_length", path))
-    n_head = _scalar(r, f"{p}.attention.head_count", path)
-    n_head_kv = _scalar(r, f"{p}.attention.head_count_kv", path)
-    if isinstance(n_head, list) or isinstance(n_head_kv, list):
-        raise ContractError(path, f"{p}.attention.head_count", "one value for all layers", "a per-layer array")
-    head_dim = int(_scalar(r, f"{p}.attention.key_length", path))
-    block = int(_scalar(r, f"{p}.dflash.block_size", path))
-    if not 2 <= block <= 512:
-        raise ContractError(path, f"{p}.dflash.block_size", "2..512", block)
-    window = int(_scalar(r, f"{p}.attention.sliding_window", path))
-    if not 2 <= window <= 1 << 20:
-        raise ContractError(path, f"{p}.attention.sliding_window", "2..2^20", window)
-    pattern = _scalar(r, f"{p}.attention.sliding_window_pattern", path, required=False)
-    if pattern is not None and (len(pattern) != n_layer or not all(pattern)):
-        raise ContractError(path, f"{p}.attention.sliding_window_pattern", f"{n_layer} x true", pattern)
-    ids = _scalar(r, f"{p}.dflash.target_layer_ids", path)
-    ids = tuple(int(i) for i in (ids if isinstance(ids, list) else [ids]))
-    if not ids or any(i < 0 for i in ids) or any(b <= a for a, b in zip(ids, ids[1:])):
-        raise ContractError(path, f"{p}.dflash.target_layer_ids", "non-empty, non-negative, strictly increasing", list(ids))
-    n_feat = _scalar(r, f"{p}.dflash.n_target_features", path, required=False)
-    if n_feat is not None and int(n_feat) != len(ids) * n_embd:
-        raise ContractError(path, f"{p}.dflash.n_target_features", len(ids) * n_embd, n_feat)
-    n_vocab, digest = _tokens_digest(r)
-    if n_vocab == 0:
-        raise ContractError(path, "tokenizer.ggml.tokens", "the target's vocabulary", "none")
-    mask = int(_scalar(r, f"{p}.dflash.mask_token_id", path))
-    if not 0 <= mask < n_vocab:
-        raise ContractError(path, f"{p}.dflash.mask_token_id", f"0..{n_vocab - 1}", mask)
-    target_name = _scalar(r, f"{p}.dflash.target_name", path, required=False)
+    n_vocab, digest = _tokens_digest(header)
+    get = header.get
+    target_name = get(f"{p}.dflash.target_name")
     return DrafterSpec(
-        path=path, n_layer=n_layer, n_embd=n_embd, n_head=int(n_head), n_head_kv=int(n_head_kv),
-        head_dim=head_dim, block_size=block, mask_token_id=mask, target_layer_ids=ids,
-        sliding_window=window, n_vocab=n_vocab, tokens_sha256=digest,
+        path=path, n_layer=get(f"{p}.block_count"), n_embd=get(f"{p}.embedding_length"),
+        n_head=get(f"{p}.attention.head_count"), n_head_kv=get(f"{p}.attention.head_count_kv"),
+        head_dim=get(f"{p}.attention.key_length"), block_size=get(f"{p}.dflash.block_size"),
+        mask_token_id=get(f"{p}.dflash.mask_token_id"), target_layer_ids=tuple(get(f"{p}.dflash.target_layer_ids")),
+        # no window key: full attention (0), as ik_llama.cpp reads it
+        sliding_window=get(f"{p}.attention.sliding_window") or 0, n_vocab=n_vocab, tokens_sha256=digest,
         target_name=str(target_name) if target_name is not None else None,
     )
+
+
+def read_header_checked_arch(path: Path, arch: str) -> Header:
+    """The header of ``path`` when it is of architecture ``arch``, range-checked."""
+    header = read_header_cached(path)
+    if header.arch != arch:
+        raise ContractError(path, "general.architecture", arch, header.arch)
+    return checked_header(path)
 
 
 def check_pair(drafter: DrafterSpec, target: TargetSpec) -> None:

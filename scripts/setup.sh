@@ -23,7 +23,7 @@ quiet "$VPY" -m pip install -q "typing-extensions>=4.5.0" "diskcache>=5.6.1" "ji
 if [[ $want_test == 1 ]]; then
     # the CPU torch wheel on local disk; a bare `torch` would pull a multi-GB CUDA build
     quiet "$VPY" -m pip install -q "torch==2.13.0"
-    quiet "$VPY" -m pip install -q -e ".[test,upload,plot]"
+    quiet "$VPY" -m pip install -q -e ".[test,server,upload,plot]"
 else
     quiet "$VPY" -m pip install -q -e ".[upload,plot]"
 fi

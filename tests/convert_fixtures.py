@@ -17,8 +17,10 @@ from convert.synthetic import TINY_S, TINY_XS, write_target_gguf
 U32, I32, F32, BOOL, STR, ARR = (GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.FLOAT32,
                                  GGUFValueType.BOOL, GGUFValueType.STRING, GGUFValueType.ARRAY)
 
-#: Every non-tokenizer metadata key of a converted drafter, with its GGUF type (SPEC §5a + general.*).
-#: ``general.source.huggingface.repository`` is present only when a source repository is known.
+#: Every non-tokenizer metadata key of a converted (sliding-window) drafter, with its GGUF type
+#: (SPEC §5a + general.*), written out here independently of convert/gguf_keys.py.
+#: ``general.source.huggingface.repository`` is present only when a source repository is known;
+#: ``attention.sliding_window`` only when the layers are sliding.
 LAYOUT_KEYS: dict[str, tuple[GGUFValueType, ...]] = {
     "general.architecture": (STR,),
     "general.type": (STR,),
@@ -46,6 +48,7 @@ LAYOUT_KEYS: dict[str, tuple[GGUFValueType, ...]] = {
     "dflash-draft.dflash.mask_token_id": (U32,),
     "dflash-draft.dflash.target_layer_ids": (ARR, I32),
     "dflash-draft.dflash.n_target_features": (U32,),
+    "dflash-draft.dflash.gating": (STR,),
     "dflash-draft.dflash.target_name": (STR,),
     "dflash-draft.dflash.target_n_layer": (U32,),
 }
@@ -64,7 +67,8 @@ BLOCK_TENSORS = [
     ("blk.{n}.attn_k_norm.weight", "layers.{n}.self_attn.k_norm.weight", None),
     ("blk.{n}.attn_gate.weight", "layers.{n}.self_attn.g_proj.weight", None),
     ("blk.{n}.attn_output.weight", "layers.{n}.self_attn.o_proj.weight", None),
-    ("blk.{n}.ffn_norm.weight", "layers.{n}.post_attention_layernorm.weight", None),
+    # ik_llama.cpp's name for the pre-FFN norm, which its loader requires (not ffn_norm)
+    ("blk.{n}.post_attention_norm.weight", "layers.{n}.post_attention_layernorm.weight", None),
     ("blk.{n}.ffn_gate.weight", "layers.{n}.mlp.gate_proj.weight", None),
     ("blk.{n}.ffn_up.weight", "layers.{n}.mlp.up_proj.weight", None),
     ("blk.{n}.ffn_down.weight", "layers.{n}.mlp.down_proj.weight", None),

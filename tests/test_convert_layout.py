@@ -256,3 +256,59 @@ def test_failure_while_writing_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         write_gguf(tmp_path / "x.gguf", "dflash-draft", {}, specs, data())
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("variant,runtimes,rows", [
+    (dict(), "laguna-run, ik_llama.cpp", ["per-head", "500000.0 / 16", "512"]),
+    (dict(gating="per-element"), "laguna-run", ["per-element"]),
+    (dict(gating=False), "laguna-run", ["disabled"]),
+    (dict(layer_type="full_attention", config_overrides={"partial_rotary_factor": 0.5}),
+     "laguna-run, ik_llama.cpp", ["none (full attention)", "500000.0 / 8"]),
+], ids=["per-head", "per-element", "disabled", "full-partial"])
+def test_inspect_says_which_runtimes_load_each_variant(tmp_path: Path, cv_targets: dict[str, Path],  # noqa: F811
+                                                       variant: dict, runtimes: str, rows: list[str]) -> None:
+    d = write_drafter(tmp_path / "d", **PRESETS["xs"], **variant)
+    out = tmp_path / "o.gguf"
+    convert(d, cv_targets["xs"], out)
+    res = run_cli("inspect", out, "--target", cv_targets["xs"])
+    assert res.code == 0, res.stderr
+    loads = next(line for line in res.stdout.splitlines() if "loads in" in line)
+    assert loads.split("loads in", 1)[1].strip(" │|") == runtimes
+    for text in rows:
+        assert text in res.stdout, text
+
+
+def test_layout_of_the_variants(tmp_path: Path, cv_targets: dict[str, Path]) -> None:  # noqa: F811
+    """Full attention: no window key and a pattern of falses; a disabled gate: no attn_gate tensor."""
+    d = write_drafter(tmp_path / "d", **PRESETS["xs"], layer_type="full_attention", gating="disabled")
+    out = tmp_path / "o.gguf"
+    convert(d, cv_targets["xs"], out)
+    g = read_gguf(out)
+    assert "dflash-draft.attention.sliding_window" not in g.kv
+    assert g.kv["dflash-draft.attention.sliding_window_pattern"] == [False, False]
+    assert g.kv["dflash-draft.dflash.gating"] == "disabled"
+    table = {k: v for k, v in expected_tensor_table(PRESETS["xs"]).items() if "attn_gate" not in k}
+    assert g.tensor_order == list(table)
+
+
+def test_a_file_converted_before_with_ffn_norm_passes_inspect(tmp_path: Path, cv_targets: dict[str, Path]) -> None:  # noqa: F811
+    d = write_drafter(tmp_path / "d", **PRESETS["xs"])
+    out = tmp_path / "o.gguf"
+    convert(d, cv_targets["xs"], out)
+    r = gguf.GGUFReader(str(out))
+    old = tmp_path / "old.gguf"
+    w = gguf.GGUFWriter(str(old), "dflash-draft")
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "dflash-draft.dflash.gating"):
+            continue
+        vt = f.types[0]
+        w.add_key_value(key, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        w.add_tensor(t.name.replace("post_attention_norm", "ffn_norm"), np.array(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    assert "blk.0.ffn_norm.weight" in read_gguf(old).tensors
+    res = run_cli("inspect", old, "--target", cv_targets["xs"])
+    assert res.code == 0, res.stderr
+    assert "layout: complete dflash-draft" in res.stdout
+    loads = next(line for line in res.stdout.splitlines() if "loads in" in line)
+    assert loads.split("loads in", 1)[1].strip(" │|") == "laguna-run"  # ik requires post_attention_norm

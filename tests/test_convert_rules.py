@@ -56,12 +56,27 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
     # --- causal, gating, layer types, bias
     ("causal-false", dflash(causal=False), {}, ["config.json: dflash_config.causal: expected true, found false"]),
     ("causal-absent", dflash(causal=ABSENT), {}, ["config.json: dflash_config.causal: expected true, found nothing"]),
-    ("gating", cfg(gating="per-element"), {}, ['config.json: gating: expected "per-head", found "per-element"']),
-    ("gating-bool", cfg(gating=True), {}, ['config.json: gating: expected "per-head", found true']),
-    ("layer-type", cfg(layer_types=["sliding_attention", "full_attention"]), {},
-     ['config.json: layer_types[1]: expected "sliding_attention", found "full_attention"']),
+    ("gating-unknown", cfg(gating="per-channel"), {},
+     ['config.json: gating: expected one of true, "per-head", "per-element", false, "disabled", found "per-channel"']),
+    ("gating-string-true", cfg(gating="true"), {},
+     ['config.json: gating: expected one of true, "per-head", "per-element", false, "disabled", found "true"']),
+    ("gating-number", cfg(gating=1), {},
+     ['config.json: gating: expected one of true', "found 1"]),
+    # the config's gating decides g_proj's shape: a per-head g_proj under another mode is refused
+    ("gating-per-element-shape", cfg(gating="per-element"), {},
+     ["model.safetensors: layers.0.self_attn.g_proj.weight: expected shape [64, 64], found shape [4, 64]"]),
+    ("gating-disabled-with-g-proj", cfg(gating=False), {},
+     ["model.safetensors: layers.0.self_attn.g_proj.weight: expected no such tensor in a Laguna DFlash drafter",
+      "(and 1 more unexpected tensors)"]),
+    ("layer-types-mixed", cfg(layer_types=["sliding_attention", "full_attention"]), {},
+     ['config.json: layer_types: expected one type for every layer (all "sliding_attention" or all '
+      '"full_attention"; the drafter cannot mix them), found ["sliding_attention", "full_attention"]']),
+    ("layer-type-unknown", cfg(layer_types=["sliding_attention", "chunked_attention"]), {},
+     ['config.json: layer_types[1]: expected "sliding_attention" or "full_attention", found "chunked_attention"']),
     ("layer-types-length", cfg(layer_types=["sliding_attention"]), {},
-     ['config.json: layer_types: expected a list of 2 "sliding_attention"', 'found ["sliding_attention"]']),
+     ['config.json: layer_types: expected a list of 2 layer types', 'found ["sliding_attention"]']),
+    ("layer-types-absent", cfg(layer_types=ABSENT), {},
+     ['config.json: layer_types: expected a list of 2 layer types', 'found nothing']),
     ("attention-bias", cfg(attention_bias=True), {}, ["config.json: attention_bias: expected false, found true"]),
     ("experts", cfg(num_experts=8), {}, ["config.json: num_experts: expected 0 (the drafter is dense), found 8"]),
     # --- block size and windows
@@ -85,8 +100,31 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
      ["config.json: num_key_value_heads: expected a divisor of num_attention_heads (4), found 3"]),
     ("rope-type", cfg(rope_scaling={"rope_type": "yarn", "factor": 4.0}), {},
      ['config.json: rope_scaling.rope_type: expected "default" (plain RoPE), found "yarn"']),
-    ("rope-partial", cfg(rope_parameters={"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5}),
-     {}, ["config.json: rope_parameters.partial_rotary_factor: expected 1.0 (RoPE on every head dim), found 0.5"]),
+    ("rope-partial-zero", cfg(partial_rotary_factor=0.0), {},
+     ["config.json: partial_rotary_factor: expected a factor in (0, 1] that rotates an even number (>= 2) of the "
+      "16 head dims, found 0.0"]),
+    ("rope-partial-above-one", cfg(rope_parameters={"rope_theta": 5e5, "partial_rotary_factor": 1.5}), {},
+     ["config.json: rope_parameters.partial_rotary_factor: expected a factor in (0, 1]", "found 1.5"]),
+    ("rope-partial-odd-dims", cfg(partial_rotary_factor=0.1875), {},  # 3 of 16 dims
+     ["config.json: partial_rotary_factor: expected a factor in (0, 1] that rotates an even number", "found 0.1875"]),
+    ("rope-partial-too-few-dims", cfg(swa_rope_parameters={"partial_rotary_factor": 0.1}), {},  # 1 of 16
+     ["config.json: swa_rope_parameters.partial_rotary_factor: expected a factor in (0, 1]", "found 0.1"]),
+    ("rope-partial-text", cfg(partial_rotary_factor="half"), {},
+     ["config.json: partial_rotary_factor: expected a factor in (0, 1]", 'found "half"']),
+    ("rope-theta-absent", cfg(rope_theta=ABSENT), {},
+     ["config.json: rope_theta: expected a positive finite number, found nothing"]),
+    ("rope-theta-negative-nested", cfg(rope_parameters={"sliding_attention": {"rope_theta": -1.0}}), {},
+     ["config.json: rope_parameters.sliding_attention.rope_theta: expected a positive finite number, found -1.0"]),
+    ("rope-swa-type", cfg(swa_rope_parameters={"rope_type": "yarn", "factor": 2.0}), {},
+     ['config.json: swa_rope_parameters.rope_type: expected "default" (plain RoPE), found "yarn"']),
+    ("rope-parameters-not-object", cfg(rope_parameters=[1e4]), {},
+     ["config.json: rope_parameters: expected an object (or no field), found [10000.0]"]),
+    ("eps-zero", cfg(rms_norm_eps=0), {}, ["config.json: rms_norm_eps: expected a positive finite number, found 0"]),
+    ("layers-too-many", cfg(num_hidden_layers=513), {},
+     ["config.json: num_hidden_layers: expected an integer in 1..512, found 513"]),
+    ("head-dim-range", cfg(head_dim=4096), {}, ["config.json: head_dim: expected an integer in 2..1024, found 4096"]),
+    ("hidden-beyond-u32", cfg(hidden_size=1 << 40), {},
+     ["config.json: hidden_size: expected an integer in 1..4294967295, found 1099511627776"]),
     ("dflash-config-absent", cfg(dflash_config=ABSENT), {},
      ["config.json: dflash_config: expected an object with block_size", "found nothing"]),
     # --- weights: sanitising, key set, shapes
@@ -212,3 +250,104 @@ def test_target_that_is_a_drafter_or_missing(tmp_path: Path) -> None:
     res = run_cli("convert", d, "--target", target, "-o", target)
     assert res.code == 2 and "is the target file" in res.stderr
     assert not (tmp_path / "again.gguf").exists()
+
+
+@pytest.mark.parametrize("field,written,shown", [
+    ("rope_theta", "Infinity", "Infinity"),
+    ("rms_norm_eps", "NaN", "NaN"),
+    ("rope_theta", "-Infinity", "-Infinity"),
+    ("rope_theta", "1e400", "1e400 (beyond a double)"),
+    ("attention_dropout", "NaN", "NaN"),  # a field the converter never reads is still a broken number
+])
+def test_non_finite_numbers_are_refused_with_the_field_named(tmp_path: Path, field: str, written: str,
+                                                             shown: str) -> None:
+    d = write_drafter(tmp_path / "d", **XS)
+    raw = json.loads((d / "config.json").read_text())
+    raw[field] = "@@"
+    (d / "config.json").write_text(json.dumps(raw).replace('"@@"', written))
+    res = run_cli("convert", d, "--target", target_for(XS, tmp_path / "t.gguf"), "-o", tmp_path / "o.gguf")
+    assert res.code == 2, res.stdout + res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert f"config.json: {field}: expected a finite number, found {shown}" in res.stderr, res.stderr
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_a_non_finite_number_inside_a_nested_field_is_named_by_its_path(tmp_path: Path) -> None:
+    d = write_drafter(tmp_path / "d", **XS, config_overrides={"rope_parameters": {
+        "sliding_attention": {"rope_theta": 1e4}, "full_attention": {"rope_theta": 1e4}}})
+    text = (d / "config.json").read_text()
+    (d / "config.json").write_text(text.replace('"full_attention": {\n      "rope_theta": 10000.0',
+                                                '"full_attention": {\n      "rope_theta": 1e999'))
+    res = run_cli("convert", d, "--target", target_for(XS, tmp_path / "t.gguf"), "-o", tmp_path / "o.gguf")
+    assert res.code == 2
+    assert ("config.json: rope_parameters.full_attention.rope_theta: expected a finite number, "
+            "found 1e999 (beyond a double)") in res.stderr, res.stderr
+
+
+# vLLM's _resolve_rope_params: (config fields, RoPE base and rotated dims it gives the drafter's layers)
+ROPE_CASES = [
+    ("top-level", {}, 500000.0, 16),
+    ("flat-parameters-win-over-top-level", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+     1e6, 16),
+    ("nested-sliding", {"rope_parameters": {"sliding_attention": {"rope_theta": 2.5e5},
+                                            "full_attention": {"rope_theta": 1e6}}}, 2.5e5, 16),
+    ("nested-falls-back-to-full", {"rope_parameters": {"full_attention": {"rope_theta": 1e6}}}, 1e6, 16),
+    ("nested-empty-sliding-falls-back", {"rope_parameters": {"sliding_attention": {},
+                                                             "full_attention": {"rope_theta": 7e5}}}, 7e5, 16),
+    ("nested-without-theta-takes-top-level", {"rope_parameters": {"sliding_attention": {"rope_type": "default"}}},
+     500000.0, 16),
+    ("swa-parameters-win", {"swa_rope_parameters": {"rope_theta": 2e4},
+                            "rope_parameters": {"sliding_attention": {"rope_theta": 2.5e5}}}, 2e4, 16),
+    ("swa-without-theta-takes-top-level", {"swa_rope_parameters": {"partial_rotary_factor": 0.5}}, 500000.0, 8),
+    ("partial-top-level", {"partial_rotary_factor": 0.5}, 500000.0, 8),
+    ("partial-inside-wins", {"partial_rotary_factor": 0.25,
+                             "rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}}, 1e4, 8),
+    ("partial-truncates-like-vllm", {"partial_rotary_factor": 0.3}, 500000.0, 4),  # int(16 * 0.3)
+    ("partial-one", {"partial_rotary_factor": 1.0}, 500000.0, 16),
+]
+
+
+@pytest.mark.parametrize("overrides,theta,rope_dims", [pytest.param(*c[1:], id=c[0]) for c in ROPE_CASES])
+def test_rope_parameters_resolve_as_vllm_does(tmp_path: Path, overrides: dict[str, Any], theta: float,
+                                             rope_dims: int) -> None:
+    from convert_fixtures import read_gguf
+
+    d = write_drafter(tmp_path / "d", **XS, config_overrides=overrides)
+    out = tmp_path / "o.gguf"
+    res = run_cli("convert", d, "--target", target_for(XS, tmp_path / "t.gguf"), "-o", out, "-q")
+    assert res.code == 0, res.stderr
+    kv = read_gguf(out).kv
+    assert kv["dflash-draft.rope.freq_base"] == pytest.approx(theta, rel=1e-7)
+    assert kv["dflash-draft.rope.dimension_count"] == rope_dims
+
+
+def test_swa_rope_parameters_do_not_apply_to_full_attention_layers(tmp_path: Path) -> None:
+    from convert_fixtures import read_gguf
+
+    d = write_drafter(tmp_path / "d", **XS, layer_type="full_attention", config_overrides={
+        "swa_rope_parameters": {"rope_theta": 2e4, "partial_rotary_factor": 0.5},
+        "rope_parameters": {"sliding_attention": {"rope_theta": 2.5e5}, "full_attention": {"rope_theta": 1e6}}})
+    out = tmp_path / "o.gguf"
+    assert run_cli("convert", d, "--target", target_for(XS, tmp_path / "t.gguf"), "-o", out, "-q").code == 0
+    kv = read_gguf(out).kv
+    assert kv["dflash-draft.rope.freq_base"] == 1e6 and kv["dflash-draft.rope.dimension_count"] == 16
+
+
+@pytest.mark.parametrize("written,mode", [(True, "per-head"), ("per-head", "per-head"), (ABSENT, "per-head"),
+                                          ("per-element", "per-element"), (False, "disabled"),
+                                          ("disabled", "disabled")])
+def test_gating_values_vllm_accepts(tmp_path: Path, written: Any, mode: str) -> None:
+    from convert_fixtures import read_gguf
+
+    gating = {"per-head": "per-head", "per-element": "per-element", "disabled": False}[mode]
+    d = write_drafter(tmp_path / "d", **XS, gating=gating, config_overrides={"gating": written})
+    out = tmp_path / "o.gguf"
+    res = run_cli("convert", d, "--target", target_for(XS, tmp_path / "t.gguf"), "-o", out, "-q")
+    assert res.code == 0, res.stderr
+    g = read_gguf(out)
+    assert g.kv["dflash-draft.dflash.gating"] == mode
+    gates = {n: shape for n, (shape, _, _) in g.tensors.items() if n.endswith("attn_gate.weight")}
+    # GGUF ne order: [n_embd, rows]
+    want = {"per-head": {f"blk.{n}.attn_gate.weight": (64, 4) for n in range(2)},
+            "per-element": {f"blk.{n}.attn_gate.weight": (64, 64) for n in range(2)}, "disabled": {}}[mode]
+    assert gates == want

@@ -98,6 +98,16 @@ def llama_block(target_model, path, tokens, block, kv_type="f32"):
 BLOCK = [100, 12, 12, 12, 12, 12, 12, 12]
 
 
+
+@pytest.fixture
+def c_loader_only(monkeypatch):
+    """Reach patch 0003's own refusals (defence in depth): the Python header checks that run
+    before llama.cpp (convert/gguf_rules.py, tested in test_gguf_ranges.py) would answer first."""
+    import runtime.llama
+
+    monkeypatch.setattr(runtime.llama, "checked_header", lambda *args, **kwargs: None)
+
+
 def test_block_logits_match_numpy_reference(target_model, drafter_files, head_and_embd):
     tokens = prompt(96)
     got, feats = llama_block(target_model, drafter_files["f32"], tokens, BLOCK)
@@ -180,8 +190,12 @@ def test_reference_comparison_detects_a_wrong_forward(target_model, tmp_path, ti
 # ---------------------------------------------------------------------------- malformed files
 
 
-def rewrite(src: Path, dst: Path, drop=(), reshape=None, kv=None) -> Path:
-    """Copy a GGUF, dropping tensors, changing tensor shapes or overriding scalar keys."""
+def rewrite(src: Path, dst: Path, drop=(), reshape=None, kv=None, drop_kv=(), rename=None, add=None) -> Path:
+    """Copy a GGUF, dropping tensors, changing tensor shapes or names, adding tensors (``add``:
+    name -> array), overriding or dropping keys.
+
+    ``kv`` maps a key to ``(value, type)`` or ``(value, ARRAY, element type)`` (INT32 by default).
+    """
     r = gguf.GGUFReader(str(src))
     arch = r.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(str(dst), arch)
@@ -189,23 +203,25 @@ def rewrite(src: Path, dst: Path, drop=(), reshape=None, kv=None) -> Path:
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
-        if key in kv:
+        if key in kv or key in drop_kv:
             continue
         vtype = f.types[0]
         if vtype == gguf.GGUFValueType.ARRAY:
             w.add_key_value(key, f.contents(), vtype, sub_type=f.types[-1])
         else:
             w.add_key_value(key, f.contents(), vtype)
-    for key, (value, vtype) in kv.items():
-        sub = gguf.GGUFValueType.INT32 if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(key, value, vtype, sub_type=sub)
+    for key, (value, vtype, *sub) in kv.items():
+        sub_type = (sub[0] if sub else gguf.GGUFValueType.INT32) if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, value, vtype, sub_type=sub_type)
     for t in r.tensors:
         if t.name in drop:
             continue
         data = np.array(t.data)
         if reshape and t.name in reshape:
             data = np.resize(data, reshape[t.name])
-        w.add_tensor(t.name, data)
+        w.add_tensor((rename or {}).get(t.name, t.name), data)
+    for name, data in (add or {}).items():
+        w.add_tensor(name, data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -216,32 +232,25 @@ def rewrite(src: Path, dst: Path, drop=(), reshape=None, kv=None) -> Path:
 TENSOR_KINDS = ["dflash_fc.weight", "dflash_hidden_norm.weight", "dflash_aux_hidden_norm.1.weight",
                 "output_norm.weight"] + [f"blk.1.{k}.weight" for k in (
                     "attn_norm", "attn_q", "attn_k", "attn_v", "attn_q_norm", "attn_k_norm", "attn_gate",
-                    "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
+                    "attn_output", "post_attention_norm", "ffn_gate", "ffn_up", "ffn_down")]
 
 
 @pytest.mark.parametrize("missing", TENSOR_KINDS)
+@pytest.mark.usefixtures("c_loader_only")
 def test_missing_tensor_fails_to_load_without_aborting(drafter_files, missing, tmp_path):
     bad = rewrite(drafter_files["f32"], tmp_path / "bad.gguf", drop={missing})
     with pytest.raises(LlamaError, match="refused to load"):
         Model(bad)
 
 
+@pytest.mark.usefixtures("c_loader_only")
 def test_wrong_shape_and_extra_tensor_fail_to_load(drafter_files, tmp_path):
     bad = rewrite(drafter_files["f32"], tmp_path / "shape.gguf", reshape={"blk.0.attn_gate.weight": (3, 64)})
     with pytest.raises(LlamaError, match="refused to load"):
         Model(bad)
     # an aux norm more than target_layer_ids has is an extra tensor
-    extra = tmp_path / "extra.gguf"
-    r = gguf.GGUFReader(str(drafter_files["f32"]))
-    w = gguf.GGUFWriter(str(extra), "dflash-draft")
-    for key, f in r.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            vt = f.types[0]
-            w.add_key_value(key, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.array(t.data))
-    w.add_tensor("dflash_aux_hidden_norm.3.weight", np.ones(64, dtype=np.float32))
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+    extra = rewrite(drafter_files["f32"], tmp_path / "extra.gguf",
+                    add={"dflash_aux_hidden_norm.3.weight": np.ones(64, dtype=np.float32)})
     with pytest.raises(LlamaError, match="refused to load"):
         Model(extra)
 
@@ -250,6 +259,7 @@ def test_wrong_shape_and_extra_tensor_fail_to_load(drafter_files, tmp_path):
     ("dflash-draft.attention.causal", False),
     ("dflash-draft.dflash.laguna", False),
 ])
+@pytest.mark.usefixtures("c_loader_only")
 def test_non_causal_or_non_laguna_metadata_fails_to_load(drafter_files, tmp_path, key, value):
     bad = rewrite(drafter_files["f32"], tmp_path / "meta.gguf", kv={key: (value, gguf.GGUFValueType.BOOL)})
     with pytest.raises(LlamaError, match="refused to load"):
@@ -276,3 +286,241 @@ def test_rows_outside_every_future_window_can_be_skipped(target_model, drafter_f
         assert d.ctx.pos_max() == len(tokens) - 1
         skipped = d.block_logits(BLOCK)
     np.testing.assert_allclose(skipped, whole, atol=TOL, rtol=0)
+
+
+# ---------------------------------------------------------------------------- files written before
+
+def old_named(src: Path, dst: Path) -> Path:
+    """``src`` with the pre-FFN norm under the name files converted before ik compatibility use."""
+    r = gguf.GGUFReader(str(src))
+    names = {t.name: t.name.replace("post_attention_norm", "ffn_norm") for t in r.tensors
+             if "post_attention_norm" in t.name}
+    assert names, "the converter writes post_attention_norm"
+    return rewrite(src, dst, rename=names, drop_kv={"dflash-draft.dflash.gating"})
+
+
+def test_a_file_with_the_old_ffn_norm_name_loads_and_drafts_the_same(target_model, drafter_files, tmp_path):
+    from convert.drafter_info import layout_problems, read_drafter_gguf
+    from runtime.pair import read_drafter
+
+    old = old_named(drafter_files["f32"], tmp_path / "old.gguf")
+    assert not layout_problems(read_drafter_gguf(old))
+    read_drafter(old)
+    tokens = prompt(80, seed=8)
+    new_logits, _ = llama_block(target_model, drafter_files["f32"], tokens, BLOCK)
+    old_logits, _ = llama_block(target_model, old, tokens, BLOCK)
+    np.testing.assert_array_equal(old_logits, new_logits)
+
+
+@pytest.mark.usefixtures("c_loader_only")
+def test_a_file_with_both_pre_ffn_norm_names_is_refused(drafter_files, tmp_path):
+    from convert.drafter_info import layout_problems, read_drafter_gguf
+
+    both = rewrite(drafter_files["f32"], tmp_path / "both.gguf",
+                   add={"blk.0.ffn_norm.weight": np.ones(64, dtype=np.float32)})
+    with pytest.raises(LlamaError, match="refused to load"):
+        Model(both)
+    assert any("blk.0.ffn_norm.weight" in str(p) for p in layout_problems(read_drafter_gguf(both)))
+
+
+# ---------------------------------------------------------------------------- loader: errors, never aborts
+
+U32, F32T, I32, BOOLT, STRT, ARR = (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.INT32,
+                                    gguf.GGUFValueType.BOOL, gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY)
+P = "dflash-draft."
+
+# (id, keys to override, keys to drop, the loader's message). Each value passes the GGUF reader; without
+# the loader's own check the file would load (or fail only later, or abort): the message says which check.
+BAD_KEYS = [
+    ("eps-nan", {P + "attention.layer_norm_rms_epsilon": (float("nan"), F32T)}, (),
+     "attention.layer_norm_rms_epsilon nan must be positive and finite"),
+    ("eps-zero", {P + "attention.layer_norm_rms_epsilon": (0.0, F32T)}, (),
+     "attention.layer_norm_rms_epsilon 0 must be positive and finite"),
+    ("eps-negative", {P + "attention.layer_norm_rms_epsilon": (-1e-6, F32T)}, (),
+     "attention.layer_norm_rms_epsilon -1e-06 must be positive and finite"),
+    ("rope-base-inf", {P + "rope.freq_base": (float("inf"), F32T)}, (), "rope.freq_base inf must be positive and finite"),
+    ("rope-base-zero", {P + "rope.freq_base": (0.0, F32T)}, (), "rope.freq_base 0 must be positive and finite"),
+    ("heads-zero", {P + "attention.head_count": (0, U32)}, (),
+     "attention.head_count 0 and head_count_kv 2 must be positive, the first a multiple of the second"),
+    ("kv-heads-zero", {P + "attention.head_count_kv": (0, U32)}, (),
+     "attention.head_count 4 and head_count_kv 0 must be positive"),
+    ("kv-heads-not-dividing", {P + "attention.head_count_kv": (3, U32)}, (),
+     "attention.head_count 4 and head_count_kv 3 must be positive, the first a multiple of the second"),
+    ("heads-per-layer", {P + "attention.head_count": ([4, 2], ARR, U32)}, (),
+     "layer 1 has other head counts or feed_forward_length than layer 0"),
+    ("ff-zero", {P + "feed_forward_length": (0, U32)}, (), "feed_forward_length must be positive"),
+    ("head-dim-zero", {P + "attention.key_length": (0, U32), P + "attention.value_length": (0, U32)}, (),
+     "attention.key_length 0 and value_length 0 must be equal and in 2..1024"),
+    ("head-dim-huge", {P + "attention.key_length": (4096, U32), P + "attention.value_length": (4096, U32)}, (),
+     "attention.key_length 4096 and value_length 4096 must be equal and in 2..1024"),
+    ("value-length-differs", {P + "attention.value_length": (32, U32)}, (),
+     "attention.key_length 16 and value_length 32 must be equal"),
+    ("rope-dims-zero", {P + "rope.dimension_count": (0, U32)}, (),
+     "rope.dimension_count 0, expected an even count in 2..16 (the head size)"),
+    ("rope-dims-odd", {P + "rope.dimension_count": (7, U32)}, (), "rope.dimension_count 7, expected an even count"),
+    ("rope-dims-beyond-head", {P + "rope.dimension_count": (32, U32)}, (),
+     "rope.dimension_count 32, expected an even count in 2..16"),
+    ("block-size-1", {P + "dflash.block_size": (1, U32)}, (), "block_size 1 outside 2..512"),
+    ("block-size-513", {P + "dflash.block_size": (513, U32)}, (), "block_size 513 outside 2..512"),
+    ("window-1", {P + "attention.sliding_window": (1, U32)}, (), "attention.sliding_window 1 outside 2..2^20"),
+    ("window-huge", {P + "attention.sliding_window": ((1 << 20) + 1, U32)}, (),
+     "attention.sliding_window 1048577 outside 2..2^20"),
+    ("ids-beyond-any-target", {P + "dflash.target_layer_ids": ([0, 2, 600], ARR)}, (),
+     "dflash.target_layer_ids must be strictly increasing ids in 0..511"),
+    ("ids-decreasing", {P + "dflash.target_layer_ids": ([2, 0, 5], ARR)}, (),
+     "dflash.target_layer_ids must be strictly increasing"),
+    ("ids-negative", {P + "dflash.target_layer_ids": ([-1, 2, 5], ARR)}, (),
+     "dflash.target_layer_ids must be strictly increasing"),
+    ("gating-unknown", {P + "dflash.gating": ("per-row", STRT)}, (),
+     'dflash.gating "per-row", expected per-head, per-element or disabled'),
+    ("layers-mixed", {P + "attention.sliding_window_pattern": ([True, False], ARR, BOOLT)}, (),
+     "layer 1 is full, but attention.sliding_window is set"),
+    ("pattern-without-window", {}, (P + "attention.sliding_window",),
+     "layer 0 is sliding, but attention.sliding_window is absent"),
+    ("pattern-length", {P + "attention.sliding_window_pattern": ([True], ARR, BOOLT)}, (),
+     "attention.sliding_window_pattern must hold one entry per layer (2)"),
+]
+
+
+@pytest.mark.parametrize("kv,drop_kv,message", [pytest.param(*c[1:], id=c[0]) for c in BAD_KEYS])
+@pytest.mark.usefixtures("c_loader_only")
+def test_bad_metadata_fails_to_load_with_the_loaders_message(drafter_files, tmp_path, capsys, kv, drop_kv, message):
+    bad = rewrite(drafter_files["f32"], tmp_path / "bad.gguf", kv=kv, drop_kv=drop_kv)
+    with pytest.raises(LlamaError, match="refused to load"):
+        Model(bad)
+    assert f"dflash-draft: {message}" in capsys.readouterr().err
+
+
+# keys the generic loader GGML_ASSERTs on before the drafter's own checks: run in a child process,
+# so that an abort (the check missing) fails this test instead of killing the test session
+ABORTING_KEYS = [
+    ("block-count-zero", {P + "block_count": (0, U32)}, "block_count 0 outside 1..512"),
+    ("block-count-huge", {P + "block_count": (600, U32)}, "block_count 600 outside 1..512"),
+    ("experts", {P + "expert_count": (4, U32)}, "dflash-draft.expert_count is set, but the drafter is dense"),
+    ("rope-scaling-unknown", {P + "rope.scaling.type": ("spline", STRT)},
+     'rope.scaling.type "spline", expected none (plain RoPE)'),
+    ("rope-scaling-yarn", {P + "rope.scaling.type": ("yarn", STRT)}, 'rope.scaling.type "yarn", expected none'),
+    ("rope-scale-factor", {P + "rope.scaling.factor": (4.0, F32T)},
+     "dflash-draft.rope.scaling.factor is set, but the drafter uses plain RoPE"),
+]
+
+
+@pytest.mark.parametrize("kv,message", [pytest.param(*c[1:], id=c[0]) for c in ABORTING_KEYS])
+def test_keys_the_generic_loader_asserts_on_fail_cleanly(drafter_files, tmp_path, kv, message):
+    import subprocess
+    import sys
+
+    bad = rewrite(drafter_files["f32"], tmp_path / "bad.gguf", kv=kv)
+    # the C loader alone, as c_loader_only does (the Python header checks would answer first)
+    code = ("import sys\nimport runtime.llama\nruntime.llama.checked_header = lambda *a, **k: None\n"
+            "from runtime.llama import LlamaError, Model\n"
+            "try:\n    Model(sys.argv[1])\nexcept LlamaError:\n    sys.exit(3)\n")
+    res = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert f"dflash-draft: {message}" in res.stderr
+
+
+# ---------------------------------------------------------------------------- every config variant vLLM runs
+
+def _variant_control(name: str, weights: DrafterWeights) -> DrafterWeights | None:
+    """The same weights read without the variant's semantics (what a converter ignoring it would run)."""
+    import dataclasses
+
+    cfg = weights.config
+    wrong = {
+        "partial-rotary": dict(rotary_dim=None),
+        "swa-rope-parameters": dict(rope_theta=1e6, rotary_dim=None),  # rope_parameters instead
+        "nested-rope-parameters": dict(rope_theta=500000.0),  # the top-level rope_theta instead
+        "per-element-gate": dict(gating="disabled"),
+        "full-attention": dict(sliding_windows=[24] * cfg.num_layers),
+        "full-attention-per-element-partial": dict(sliding_windows=[24] * cfg.num_layers, rotary_dim=None),
+    }.get(name)
+    if wrong is None:
+        return None
+    return DrafterWeights(dataclasses.replace(cfg, **wrong), weights.raw_config, weights.tensors)
+
+
+VARIANTS = {
+    "partial-rotary": dict(config_overrides={"partial_rotary_factor": 0.5}),
+    "swa-rope-parameters": dict(config_overrides={
+        "swa_rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.25},
+        "rope_parameters": {"sliding_attention": {"rope_theta": 1e6}}}),
+    "nested-rope-parameters": dict(config_overrides={"rope_parameters": {"full_attention": {"rope_theta": 2e4}}}),
+    "per-element-gate": dict(gating="per-element"),
+    "gate-disabled": dict(gating=False),
+    "full-attention": dict(layer_type="full_attention"),
+    "full-attention-per-element-partial": dict(layer_type="full_attention", gating="per-element",
+                                               config_overrides={"partial_rotary_factor": 0.5}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_config_variant_matches_the_reference_at_run_time(target_model, tmp_path, tiny_target, head_and_embd,
+                                                               variant):
+    """Convert a tiny checkpoint of the variant, run it through the runtime's injection path with a
+    context 4x the window (24), compare the block logits with the numpy reference, and the drafts."""
+    hf, path = write_gguf_drafter(tmp_path, variant, tiny_target, **VARIANTS[variant])
+    weights = load_drafter(hf)
+    tokens = prompt(96, seed=9)
+    block = [int(tokens[-1])] + [12] * 7
+    with target_ctx(target_model) as tctx, Drafter(path, tctx, kv_type="f32") as d:
+        d.enable_capture()
+        feats = []
+        for i0 in range(0, len(tokens), 40):  # chunked prefill, rows injected as the engine does
+            part = tokens[i0:i0 + 40]
+            tctx.decode(part, np.arange(i0, i0 + len(part)), logits="last")
+            f = d.captured_features()
+            d.inject_visible(f, i0, len(tokens))
+            feats.append(f)
+        got = d.block_logits(block)
+        drafts = d.draft(block[0], 7)
+    feats = np.concatenate(feats)
+    want = reference_for(weights, head_and_embd, feats).draft_logits(block, len(tokens))
+    assert np.abs(got - want).max() < TOL
+    assert drafts == [int(t) for t in want[1:].argmax(axis=1)]
+    control = _variant_control(variant, weights)
+    if control is not None:
+        wrong = reference_for(control, head_and_embd, feats).draft_logits(block, len(tokens))
+        assert np.abs(got - wrong).max() > 100 * TOL, "the variant must change the logits"
+
+
+def test_a_full_attention_drafter_is_written_without_a_window(tmp_path, tiny_target):
+    from runtime.pair import read_drafter
+
+    _, path = write_gguf_drafter(tmp_path, "full", tiny_target, layer_type="full_attention")
+    kv = {k: f.contents() for k, f in gguf.GGUFReader(str(path)).fields.items()}
+    assert "dflash-draft.attention.sliding_window" not in kv
+    assert kv["dflash-draft.attention.sliding_window_pattern"] == [False, False]
+    assert read_drafter(path).sliding_window == 0
+
+
+def test_without_a_window_the_runtime_keeps_every_context_row(target_model, tmp_path, tiny_target):
+    """inject_visible (the engine's prefill and catch-up path) skips no row of a full-attention drafter."""
+    _, path = write_gguf_drafter(tmp_path, "full", tiny_target, layer_type="full_attention")
+    tokens = prompt(100, seed=10)
+    with target_ctx(target_model) as tctx, Drafter(path, tctx, kv_type="f32") as d:
+        d.enable_capture()
+        tctx.decode(tokens, np.arange(len(tokens)), logits="last")
+        feats = d.captured_features()
+        d.inject(feats, 0)
+        every_row = d.block_logits(BLOCK)
+        d.reset()
+        d.inject_visible(feats[:60], 0, len(tokens))
+        d.inject_visible(feats[60:], 60, len(tokens))
+        assert d.n_context == len(tokens)
+        np.testing.assert_allclose(d.block_logits(BLOCK), every_row, atol=TOL, rtol=0)
+
+
+def test_without_a_window_every_plain_step_reads_its_row_for_the_drafter(tiny_target, tmp_path):
+    """The engine's capture horizon (plain steps before a draft whose rows the drafter reads)
+    covers the whole sequence when the drafter has no window, and at most the window otherwise."""
+    from runtime.engine import Engine, EngineConfig
+
+    _, full = write_gguf_drafter(tmp_path, "full", tiny_target, layer_type="full_attention")
+    _, windowed = write_gguf_drafter(tmp_path, "w", tiny_target, sliding_window=24)
+    cfg = EngineConfig(n_ctx=256, kv_type="f32")
+    with Engine.load(tiny_target["gguf"], full, cfg) as engine:
+        assert engine.capture_horizon > 10**9
+    with Engine.load(tiny_target["gguf"], windowed, cfg) as engine:
+        assert engine.capture_horizon == 24

@@ -19,6 +19,7 @@ if str(ROOT) not in sys.path:
 
 from tests.reference.dflash_numpy import (  # noqa: E402
     DrafterReference,
+    DrafterWeights,
     load_drafter,
     rms_norm,
     rope_neox,
@@ -434,7 +435,7 @@ def test_norm_and_rope_follow_transformers_laguna():
 
 
 def test_rope_parameters_resolution():
-    """vLLM's precedence: swa_rope_parameters > rope_parameters > top-level rope_theta; partial RoPE refused."""
+    """vLLM's precedence: swa_rope_parameters > rope_parameters > top-level rope_theta (torch agrees)."""
     from runtime.torch_drafter import parse_drafter_config
     from tests.reference.dflash_numpy import DrafterConfig
 
@@ -451,9 +452,94 @@ def test_rope_parameters_resolution():
                                          "sliding_attention": {"rope_theta": 250000.0}})
     assert theta(nested) == 250000.0
     assert theta(dict(nested, swa_rope_parameters={"rope_theta": 20000.0})) == 20000.0
-    for bad in (dict(base, partial_rotary_factor=0.5),
-                dict(base, rope_parameters={"rope_type": "yarn", "rope_theta": 1.0e4, "factor": 4.0})):
-        with pytest.raises(ValueError):
-            DrafterConfig.from_dict(bad)
-        with pytest.raises(ValueError):
-            parse_drafter_config(bad)
+    bad = dict(base, rope_parameters={"rope_type": "yarn", "rope_theta": 1.0e4, "factor": 4.0})
+    with pytest.raises(ValueError):
+        DrafterConfig.from_dict(bad)
+    with pytest.raises(ValueError):
+        parse_drafter_config(bad)
+
+
+def test_rope_parameters_of_full_attention_layers_ignore_the_swa_ones():
+    from tests.reference.dflash_numpy import DrafterConfig
+
+    full = dict(make_config(), layer_types=["full_attention"] * 2,
+                swa_rope_parameters={"rope_theta": 2e4, "partial_rotary_factor": 0.5},
+                rope_parameters={"sliding_attention": {"rope_theta": 2.5e5}, "full_attention": {"rope_theta": 1e6}})
+    c = DrafterConfig.from_dict(full)
+    assert (c.rope_theta, c.rotary_dim, c.sliding_windows) == (1e6, None, [None, None])
+    c = DrafterConfig.from_dict(dict(full, layer_types=["sliding_attention"] * 2))
+    assert (c.rope_theta, c.rotary_dim, c.sliding_windows) == (2e4, HD // 2, [WINDOW, WINDOW])
+    # a factor inside the parameters wins over the top-level one
+    c = DrafterConfig.from_dict(dict(make_config(), partial_rotary_factor=0.25,
+                                     rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.5}))
+    assert c.rotary_dim == HD // 2
+    with pytest.raises(ValueError):
+        DrafterConfig.from_dict(dict(make_config(), layer_types=["sliding_attention", "full_attention"]))
+
+
+def test_partial_rope_follows_transformers_laguna():
+    """Partial rotary: the first int(f * head_dim) dims rotate (NeoX within them), the rest pass."""
+    ml = pytest.importorskip("transformers.models.laguna.modeling_laguna")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 3, HD))
+    pos = np.array([0, 3, 17, 200, 4095])
+    theta, rot = 10000.0, HD // 2
+    inv_freq = 1.0 / theta ** (torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    emb = torch.cat([torch.from_numpy(pos).double()[:, None] * inv_freq] * 2, -1)  # [T, rot]
+    xt = torch.from_numpy(x).transpose(0, 1)
+    q_emb, _ = ml.apply_rotary_pos_emb(xt, xt, emb.cos(), emb.sin(), unsqueeze_dim=0)
+    got = rope_neox(x, pos, theta, rot)
+    np.testing.assert_allclose(got, q_emb.transpose(0, 1).numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(got[..., rot:], x[..., rot:])
+    assert np.abs(got - rope_neox(x, pos, theta)).max() > 1e-3
+
+
+def _variant(tensors: dict, **config) -> DrafterWeights:
+    return DrafterWeights.from_tensors(dict(make_config(), **config), tensors)
+
+
+def test_per_element_gate_with_each_heads_row_repeated_is_the_per_head_gate():
+    tensors = make_tensors(make_config(), seed=21)
+    per_head = _variant(tensors)
+    repeated = dict(tensors)
+    for l in range(2):
+        g = tensors[f"layers.{l}.self_attn.g_proj.weight"]
+        repeated[f"layers.{l}.self_attn.g_proj.weight"] = np.repeat(g, HD, axis=0)  # head h -> rows h*HD..
+    per_element = _variant(repeated, gating="per-element")
+    hid, blk = captured(12, seed=22), block(23)
+    np.testing.assert_allclose(numpy_logits(per_element, hid, 0, blk), numpy_logits(per_head, hid, 0, blk),
+                               rtol=1e-12, atol=1e-12)
+    # rows in another order are another gate: the layout (head-major, then dim) matters
+    shuffled = dict(repeated)
+    for l in range(2):
+        g = tensors[f"layers.{l}.self_attn.g_proj.weight"]
+        shuffled[f"layers.{l}.self_attn.g_proj.weight"] = np.tile(g, (HD, 1))
+    assert rel_err(numpy_logits(_variant(shuffled, gating="per-element"), hid, 0, blk),
+                   numpy_logits(per_head, hid, 0, blk)) > 1e-3
+
+
+@pytest.mark.parametrize("disabled", [False, "disabled"])
+def test_disabled_gate_is_a_per_head_gate_of_one(disabled):
+    """softplus(0) = ln 2: a zero per-head g_proj with o_proj / ln 2 is exactly no gate."""
+    tensors = make_tensors(make_config(), seed=24)
+    ungated = {k: v for k, v in tensors.items() if not k.endswith("g_proj.weight")}
+    scaled = dict(tensors)
+    for l in range(2):
+        scaled[f"layers.{l}.self_attn.g_proj.weight"] = np.zeros((NH, H), np.float32)
+        scaled[f"layers.{l}.self_attn.o_proj.weight"] = tensors[f"layers.{l}.self_attn.o_proj.weight"] / np.log(2.0)
+    hid, blk = captured(12, seed=25), block(26)
+    want = numpy_logits(_variant(scaled), hid, 0, blk)
+    np.testing.assert_allclose(numpy_logits(_variant(ungated, gating=disabled), hid, 0, blk), want,
+                               rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError):  # a disabled gate has no g_proj
+        _variant(tensors, gating=disabled)
+
+
+def test_full_attention_sees_the_whole_context():
+    tensors = make_tensors(make_config(), seed=27)
+    full = _variant(tensors, layer_types=["full_attention"] * 2)
+    hid, blk = captured(40, seed=28), block(29)
+    got = numpy_logits(full, hid, 0, blk)
+    np.testing.assert_allclose(got, numpy_logits(_variant(tensors).with_windows(10**6), hid, 0, blk),
+                               rtol=1e-12, atol=1e-12)
+    assert rel_err(got, numpy_logits(_variant(tensors), hid, 0, blk)) > 1e-3  # the window (8) matters here

@@ -48,7 +48,7 @@ def test_auto_depth_decisions_reach_the_trace(pair, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["-p", "x", "--n-max", "16"], "n_max"),
+    (["-p", "x", "--n-max", "16"], "--n-max: expected 0..15"),
     (["-p", "x", "--n-max", "two"], "--n-max"),
     (["-p", "x", "-f", "y"], "exactly one"),
     (["-p", "x", "--device", "tpu"], "--device"),

@@ -45,3 +45,15 @@ def test_seed_reproduces_and_temperature_matches_frequencies():
 def test_bad_parameters_are_refused():
     with pytest.raises(ValueError, match="top_p"):
         Sampler(SamplingParams(top_p=0))
+
+
+def test_top_k_candidates_are_the_head_of_a_stable_sort():
+    """The partial selection keeps what a full stable descending sort gives, ties included."""
+    from runtime.sampling import _top_k
+
+    rng = np.random.default_rng(1)
+    for trial in range(50):
+        n = int(rng.integers(5, 300))
+        logits = rng.integers(-3, 4, size=n).astype(np.float64) if trial % 2 else rng.normal(size=n)
+        for k in (1, 2, 3, n - 1):
+            assert np.array_equal(_top_k(logits, k), np.argsort(-logits, kind="stable")[:k]), (trial, k)

@@ -200,7 +200,9 @@ def test_card_pairs_with_official_xs_target_and_gives_commands():
     assert "checked against `Laguna-XS.2.1` (a 40-layer target)" in card
     assert "https://huggingface.co/poolside/Laguna-XS-2.1-GGUF" in card
     assert "laguna-run -m TARGET.gguf -md drafter-Q8_0.gguf" in card and "--n-max 4" in card
-    assert "llama-server -m TARGET.gguf -md drafter-Q8_0.gguf --spec-type dflash" in card
+    # ik_llama.cpp takes the depth inside the stage and rejects the legacy --draft-max
+    assert "llama-server -m TARGET.gguf -md drafter-Q8_0.gguf --spec-type dflash:n_max=4\n" in card
+    assert not any("--draft-max" in line for line in card.splitlines() if line.startswith("llama-"))
     assert "ik_llama.cpp" in card
     assert "hf download me/x drafter-Q8_0.gguf --local-dir ." in card
 

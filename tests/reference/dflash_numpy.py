@@ -9,11 +9,13 @@ Conventions (checked against transformers' ``models/laguna/modeling_laguna.py``)
 
 * RMSNorm: ``x * 1/sqrt(mean(x**2) + eps) * w`` — the weight multiplies directly,
   there is no ``(1 + w)`` offset (``LagunaRMSNorm`` returns ``weight * normed``).
-* RoPE: NeoX / rotate-half over all ``head_dim`` dims, ``inv_freq[k] = theta**(-2k/d)``,
-  ``cos``/``sin`` tables are ``cat(freqs, freqs)``.
+* RoPE: NeoX / rotate-half over the first ``r`` dims of each head, ``r = int(head_dim *
+  partial_rotary_factor)`` (all of them by default), ``inv_freq[k] = theta**(-2k/r)``,
+  ``cos``/``sin`` tables are ``cat(freqs, freqs)``; dims ``r..head_dim`` pass through.
 * QK norm is per head (over ``head_dim``), applied before RoPE; V is never normed.
-* The output gate is ``softplus(g_proj(a))``, one scalar per query head, computed from the
-  same normed layer input ``a`` that feeds ``qkv_proj``.
+* The output gate is ``softplus(g_proj(a))``, computed from the same normed layer input ``a``
+  that feeds ``qkv_proj``: one scalar per query head (``per-head``, also ``gating: true``), one
+  per element of the attention output (``per-element``), or none (``disabled``/``false``).
 * GQA: query head ``h`` reads kv head ``h // (n_heads // n_kv_heads)``.
 
 DFlash specifics (vLLM ``laguna_dflash.py`` semantics):
@@ -23,7 +25,11 @@ DFlash specifics (vLLM ``laguna_dflash.py`` semantics):
   ``qkv_proj``; ``k`` gets ``k_norm`` then RoPE at the context positions.
 * the sliding window is per query over ``[context cache | block]``: a query at position
   ``p`` sees a key at position ``j`` iff ``j <= p`` and ``p - j < sliding_window``
-  (this also makes the block causal).
+  (this also makes the block causal). Full-attention layers drop the second condition.
+* ``layer_types`` is uniform (all sliding or all full); the RoPE parameters of that layer
+  type are vLLM's ``_resolve_rope_params``: ``swa_rope_parameters`` (sliding layers), else
+  ``rope_parameters`` (flat, or nested by layer type with ``full_attention`` as fallback),
+  then the top-level ``rope_theta`` / ``partial_rotary_factor`` for what those leave unset.
 
 Public API: :func:`load_drafter`, :class:`DrafterWeights`, :class:`DrafterReference`.
 """
@@ -50,6 +56,7 @@ __all__ = [
     "expected_shapes",
     "load_drafter",
     "read_safetensors",
+    "resolve_rope_parameters",
     "rms_norm",
     "rope_neox",
     "sanitize_tensors",
@@ -118,11 +125,13 @@ class DrafterConfig:
     rms_norm_eps: float
     vocab_size: int
     rope_theta: float
-    sliding_windows: list[int]
+    sliding_windows: list[int | None]  # None: a full-attention layer
     block_size: int
     mask_token_id: int
     target_layer_ids: list[int]
     num_target_layers: int
+    gating: str = "per-head"
+    rotary_dim: int | None = None  # None: every head dim
 
     @property
     def q_size(self) -> int:
@@ -143,9 +152,10 @@ class DrafterConfig:
         dfl = cfg.get("dflash_config") or {}
         if dfl.get("causal", True) is not True:
             raise ValueError("dflash_config.causal must be true (the reference only does causal blocks)")
-        gating = cfg.get("gating", "per-head")
-        if not (gating is True or gating == "per-head"):
-            raise ValueError(f"gating must be 'per-head', got {gating!r}")
+        gating = cfg.get("gating", True)
+        gating = {True: "per-head", False: "disabled"}.get(gating, gating) if isinstance(gating, bool) else gating
+        if gating not in ("per-head", "per-element", "disabled"):
+            raise ValueError(f"gating must be per-head, per-element or disabled, got {gating!r}")
         if cfg.get("attention_bias", False):
             raise ValueError("attention_bias must be false")
         if int(cfg.get("num_experts", 0) or 0) != 0:
@@ -153,32 +163,33 @@ class DrafterConfig:
         act = cfg.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act must be 'silu', got {act!r}")
-        layer_types = cfg.get("layer_types") or ["sliding_attention"] * n_layers
-        if len(layer_types) != n_layers or any(t != "sliding_attention" for t in layer_types):
-            raise ValueError(f"layer_types must be 'sliding_attention' x {n_layers}, got {layer_types!r}")
-        windows = cfg.get("sliding_windows")
-        if windows is None:
-            windows = [int(cfg["sliding_window"])] * n_layers
-        windows = [int(w) for w in windows]
-        if len(windows) != n_layers:
-            raise ValueError(f"sliding_windows has {len(windows)} entries for {n_layers} layers")
+        layer_types = cfg.get("layer_types")
+        if layer_types is None or len(layer_types) != n_layers:
+            raise ValueError(f"layer_types must list {n_layers} layer types, got {layer_types!r}")
+        if len(set(layer_types)) != 1 or layer_types[0] not in ("sliding_attention", "full_attention"):
+            raise ValueError(f"layer_types must be all sliding_attention or all full_attention, got {layer_types!r}")
+        layer_type = layer_types[0]
+        if layer_type == "sliding_attention":
+            windows = cfg.get("sliding_windows")
+            if windows is None:
+                windows = [int(cfg["sliding_window"])] * n_layers
+            windows = [int(w) for w in windows]
+            if len(windows) != n_layers:
+                raise ValueError(f"sliding_windows has {len(windows)} entries for {n_layers} layers")
+        else:
+            windows = [None] * n_layers
 
-        # RoPE parameters for a sliding layer, resolved in vLLM's order: swa_rope_parameters,
-        # else rope_parameters (flat, or nested by layer type); a top-level rope_theta /
-        # partial_rotary_factor fills only what those leave unset.
-        rope = cfg.get("swa_rope_parameters")
-        if rope is None:
-            rope = cfg.get("rope_parameters") or {}
-            if any(isinstance(v, dict) for v in rope.values()):
-                rope = rope.get("sliding_attention") or rope.get("full_attention") or {}
-        theta = rope.get("rope_theta", cfg.get("rope_theta"))
+        rope = resolve_rope_parameters(cfg, layer_type)
+        theta = rope.get("rope_theta")
         if theta is None:
             raise ValueError("rope_theta missing from config")
-        if rope.get("rope_type", "default") != "default":
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"rope_type must be 'default', got {rope.get('rope_type')!r}")
-        partial = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-        if float(partial) != 1.0:
-            raise ValueError(f"partial_rotary_factor must be 1.0 (plain RoPE on all dims), got {partial}")
+        head_dim = int(cfg["head_dim"])
+        partial = float(rope.get("partial_rotary_factor", 1.0))
+        rotary_dim = int(head_dim * partial)
+        if not (0 < partial <= 1 and rotary_dim >= 2 and rotary_dim % 2 == 0):
+            raise ValueError(f"partial_rotary_factor {partial} does not rotate an even number of the {head_dim} dims")
 
         dvs = cfg.get("draft_vocab_size")
         if dvs is not None and int(dvs) != int(cfg["vocab_size"]):
@@ -194,7 +205,7 @@ class DrafterConfig:
             num_layers=n_layers,
             num_heads=int(cfg["num_attention_heads"]),
             num_kv_heads=int(cfg["num_key_value_heads"]),
-            head_dim=int(cfg["head_dim"]),
+            head_dim=head_dim,
             rms_norm_eps=float(cfg["rms_norm_eps"]),
             vocab_size=int(cfg["vocab_size"]),
             rope_theta=float(theta),
@@ -203,7 +214,24 @@ class DrafterConfig:
             mask_token_id=int(dfl.get("mask_token_id", 0)),
             target_layer_ids=ids,
             num_target_layers=int(dfl.get("num_target_layers", max(ids) + 1)),
+            gating=gating,
+            rotary_dim=None if rotary_dim == head_dim else rotary_dim,
         )
+
+
+def resolve_rope_parameters(cfg: dict, layer_type: str) -> dict:
+    """The flat RoPE parameters of one layer type, in vLLM's order of precedence."""
+    top = cfg.get("rope_parameters") or {}
+    if any(isinstance(v, dict) for v in top.values()):
+        base = top.get(layer_type) or top.get("full_attention") or {}
+    else:
+        base = top
+    swa = cfg.get("swa_rope_parameters")
+    params = dict(swa if layer_type == "sliding_attention" and swa is not None else base)
+    for key in ("partial_rotary_factor", "rope_theta"):
+        if key not in params and cfg.get(key) is not None:
+            params[key] = cfg[key]
+    return params
 
 
 def expected_shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
@@ -222,7 +250,9 @@ def expected_shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "post_attention_layernorm.weight"] = (H,)
         shapes[p + "self_attn.qkv_proj.weight"] = (c.q_size + 2 * c.kv_size, H)
         shapes[p + "self_attn.o_proj.weight"] = (H, c.q_size)
-        shapes[p + "self_attn.g_proj.weight"] = (c.num_heads, H)
+        gate_rows = {"per-head": c.num_heads, "per-element": c.q_size, "disabled": 0}[c.gating]
+        if gate_rows:
+            shapes[p + "self_attn.g_proj.weight"] = (gate_rows, H)
         shapes[p + "self_attn.q_norm.weight"] = (c.head_dim,)
         shapes[p + "self_attn.k_norm.weight"] = (c.head_dim,)
         shapes[p + "mlp.gate_proj.weight"] = (I, H)
@@ -318,17 +348,21 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope_neox(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
-    """Rotate-half RoPE on all dims. ``x``: [T, heads, head_dim]; ``positions``: [T]."""
-    d = x.shape[-1]
+def rope_neox(x: np.ndarray, positions: np.ndarray, theta: float, rotary_dim: int | None = None) -> np.ndarray:
+    """Rotate-half RoPE on the first ``rotary_dim`` dims (all by default); the rest pass through.
+
+    ``x``: [T, heads, head_dim]; ``positions``: [T]. The frequencies are those of a head of
+    ``rotary_dim`` dims (vLLM builds its rotary embedding with ``rotary_dim``, not ``head_dim``).
+    """
+    d = x.shape[-1] if rotary_dim is None else rotary_dim
     half = d // 2
     inv_freq = theta ** (-np.arange(0, d, 2, dtype=DTYPE) / d)  # [d/2]
     angles = np.asarray(positions, dtype=DTYPE)[:, None] * inv_freq[None, :]  # [T, d/2]
     cos = np.cos(angles)[:, None, :]  # [T, 1, d/2], broadcast over heads
     sin = np.sin(angles)[:, None, :]
-    x1, x2 = x[..., :half], x[..., half:]
+    x1, x2, rest = x[..., :half], x[..., half:d], x[..., d:]
     # x*cat(cos,cos) + rotate_half(x)*cat(sin,sin), with rotate_half(x) = cat(-x2, x1)
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], axis=-1)
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -340,10 +374,10 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
-def window_mask(q_pos: np.ndarray, k_pos: np.ndarray, window: int) -> np.ndarray:
-    """[Lq, Lk] bool: query at p sees key at j iff j <= p and p - j < window."""
+def window_mask(q_pos: np.ndarray, k_pos: np.ndarray, window: int | None) -> np.ndarray:
+    """[Lq, Lk] bool: query at p sees key at j iff j <= p and p - j < window (no window: j <= p)."""
     diff = np.asarray(q_pos)[:, None] - np.asarray(k_pos)[None, :]
-    return (diff >= 0) & (diff < window)
+    return (diff >= 0) & (diff < window) if window is not None else diff >= 0
 
 
 def attention(
@@ -470,7 +504,7 @@ class DrafterReference:
             k = kv[:, : c.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
             v = kv[:, c.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], c.rms_norm_eps)
-            k = rope_neox(k, positions, c.rope_theta)
+            k = rope_neox(k, positions, c.rope_theta, c.rotary_dim)
             self._ctx_k[l] = np.concatenate([self._ctx_k[l], k], axis=0)
             self._ctx_v[l] = np.concatenate([self._ctx_v[l], v], axis=0)
         self._ctx_pos = np.concatenate([self._ctx_pos, positions])
@@ -508,8 +542,8 @@ class DrafterReference:
             q = qkv[:, : c.q_size].reshape(L, c.num_heads, c.head_dim)
             k = qkv[:, c.q_size : c.q_size + c.kv_size].reshape(L, c.num_kv_heads, c.head_dim)
             v = qkv[:, c.q_size + c.kv_size :].reshape(L, c.num_kv_heads, c.head_dim)
-            q = rope_neox(rms_norm(q, W[p + "self_attn.q_norm.weight"], eps), pos, c.rope_theta)
-            k = rope_neox(rms_norm(k, W[p + "self_attn.k_norm.weight"], eps), pos, c.rope_theta)
+            q = rope_neox(rms_norm(q, W[p + "self_attn.q_norm.weight"], eps), pos, c.rope_theta, c.rotary_dim)
+            k = rope_neox(rms_norm(k, W[p + "self_attn.k_norm.weight"], eps), pos, c.rope_theta, c.rotary_dim)
 
             keys = np.concatenate([self._ctx_k[l], k], axis=0)
             values = np.concatenate([self._ctx_v[l], v], axis=0)
@@ -517,8 +551,10 @@ class DrafterReference:
             allowed = window_mask(pos, key_pos, c.sliding_windows[l])
             o = attention(q, keys, values, allowed)  # [L, n_heads, hd]
 
-            gate = softplus(a @ W[p + "self_attn.g_proj.weight"].T)  # [L, n_heads]
-            o = o * gate[:, :, None]
+            if c.gating == "per-head":
+                o = o * softplus(a @ W[p + "self_attn.g_proj.weight"].T)[:, :, None]  # [L, n_heads, 1]
+            elif c.gating == "per-element":
+                o = o * softplus(a @ W[p + "self_attn.g_proj.weight"].T).reshape(L, c.num_heads, c.head_dim)
             x = x + o.reshape(L, c.q_size) @ W[p + "self_attn.o_proj.weight"].T
 
             m = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)

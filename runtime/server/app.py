@@ -1,0 +1,441 @@
+"""The OpenAI-compatible HTTP API over a :class:`~runtime.server.pool.SlotPool`.
+
+    POST /v1/completions        POST /v1/chat/completions   (SSE when "stream": true)
+    GET  /v1/models             GET  /health                GET  /metrics (Prometheus text)
+
+Every error is OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: a malformed
+body, an unknown field or a value out of range 400; a prompt that does not fit the context
+with its ``max_tokens`` 400 (``context_length_exceeded``); a wrong or missing API key 401; a
+full queue 503. Responses carry ``usage`` and a llama-server style ``timings`` object with the
+speculative statistics (drafted, accepted, accepted per round, acceptance by position).
+
+Request preparation (chat template, tokenizer) runs in a worker thread and generation in the
+pool's slot threads, so the event loop never waits on llama.cpp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from convert.errors import UserError
+
+from ..chat_template import TEMPLATE_KEY, ChatTemplate
+from ..engine import GenerateOptions
+from ..sampling import SamplingError, SamplingParams
+from .pool import Job, PoolClosed, QueueFull, SlotPool
+from .schemas import MAX_STOPS, ChatCompletionRequest, CompletionRequest, GenerationFields
+
+#: the engine refuses a prompt + n_predict within this many tokens of the context size
+CONTEXT_MARGIN = 16
+#: OpenAI's default max_tokens of /v1/completions
+COMPLETION_MAX_TOKENS = 16
+PUBLIC_PATHS = frozenset({"/health"})
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(self.message, self.type, self.param, self.code), self.status,
+                            headers=self.headers)
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass
+class ServerSettings:
+    model_id: str
+    n_max: int | str = 4  # the draft depth of a request that does not give n_max
+    api_key: str | None = None
+    chat_template: str | None = None  # overrides the GGUF's tokenizer.chat_template
+    chat_template_source: str | None = None  # names the template in errors
+    close_pool_on_shutdown: bool = True
+
+
+class ApiKeyMiddleware:
+    """``Authorization: Bearer KEY`` on every path but /health, compared in constant time.
+    The key is never logged or echoed."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self._key = key.encode("utf-8")
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"] not in PUBLIC_PATHS:
+            auth = b""
+            for name, value in scope.get("headers", ()):
+                if name == b"authorization":
+                    auth = value
+                    break
+            scheme, _, token = auth.partition(b" ")
+            ok = scheme.lower() == b"bearer"
+            # compare even when the scheme is wrong, so the time does not tell which part failed
+            ok = hmac.compare_digest(token.strip(), self._key) and ok
+            if not ok:
+                await ApiError(401, "invalid or missing API key (send Authorization: Bearer KEY)",
+                               type="authentication_error", code="invalid_api_key",
+                               headers={"WWW-Authenticate": "Bearer"}).response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class Server:
+    """Prepares requests, runs them on the pool and writes OpenAI responses."""
+
+    def __init__(self, pool: SlotPool, settings: ServerSettings) -> None:
+        self.pool, self.settings = pool, settings
+        engine = pool.engine
+        self.target = engine.target
+        self.n_ctx = engine.ctx.n_ctx
+        self.n_batch = engine.ctx.n_batch
+        self.max_draft = engine.drafter.spec.max_draft if engine.drafter is not None else 0
+        self.bos = self.target.special_text("bos")
+        self.eos = self.target.special_text("eos")
+        self.created = int(time.time())
+        text, source = settings.chat_template, settings.chat_template_source
+        if text is None:
+            try:
+                text = self.target.chat_template()
+            except UnicodeDecodeError as e:
+                raise UserError(f"{self.target.path}: {TEMPLATE_KEY}: expected UTF-8 text, found invalid bytes "
+                                f"({e.reason})") from None
+            source = str(self.target.path)
+        self.template = ChatTemplate(text, source or "chat template") if text else None
+
+    # ------------------------------------------------------------------ preparation (a thread)
+
+    def _sampling(self, body: GenerationFields) -> SamplingParams:
+        values = {k: getattr(body, k) for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                                                 "repeat_last_n", "seed") if getattr(body, k) is not None}
+        if values.get("seed") == -1:  # llama.cpp's "a random seed"
+            values["seed"] = None
+        try:
+            return SamplingParams(**values)
+        except SamplingError as e:
+            raise ApiError(400, f"{e.field}: expected {e.expected}, found {e.found!r}", param=e.field,
+                           code="invalid_value") from None
+
+    def _depth(self, body: GenerationFields) -> int | str:
+        depth = body.n_max if body.n_max is not None else self.settings.n_max
+        if depth == "auto":
+            return depth
+        if depth < 0 or depth > self.max_draft:
+            expected = f"0..{self.max_draft} (the drafter's block_size - 1) or 'auto'" if self.max_draft \
+                else "0 (the server has no drafter)"
+            raise ApiError(400, f"n_max: expected {expected}, found {depth}", param="n_max", code="invalid_value")
+        if depth + 1 > self.n_batch:
+            raise ApiError(400, f"n_max: expected <= {self.n_batch - 1} (a verify pass of {depth + 1} rows exceeds "
+                                f"the server's -b {self.n_batch}), found {depth}", param="n_max", code="invalid_value")
+        return depth
+
+    def _stops(self, body: GenerationFields) -> tuple[str, ...]:
+        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+        if len(stops) > MAX_STOPS:
+            raise ApiError(400, f"stop: expected at most {MAX_STOPS} strings, found {len(stops)}", param="stop")
+        if any(not s for s in stops):
+            raise ApiError(400, "stop: expected non-empty strings, found ''", param="stop")
+        return tuple(stops)
+
+    def _check_common(self, body: GenerationFields) -> None:
+        if body.n not in (None, 1):
+            raise ApiError(400, f"n: expected 1 (one choice per request), found {body.n}", param="n")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(body, name)
+            if value not in (None, 0, 0.0):
+                raise ApiError(400, f"{name}: expected 0 (OpenAI's additive penalties have no exact counterpart "
+                                    f"here; use repeat_penalty), found {value}", param=name)
+
+    def _prompt_tokens(self, body) -> list[int]:
+        if isinstance(body, ChatCompletionRequest):
+            if self.template is None:
+                raise ApiError(400, f"{self.target.path.name} has no chat template ({TEMPLATE_KEY}): start the "
+                                    "server with --chat-template-file FILE, or use /v1/completions",
+                               param="messages", code="no_chat_template")
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            try:
+                text = self.template.render(messages, add_generation_prompt=True, bos_token=self.bos,
+                                            eos_token=self.eos)
+            except UserError as e:
+                raise ApiError(400, str(e), param="messages") from None
+            # a template that writes the BOS itself must not get a second one
+            return self.target.tokenize(text, add_special=not (self.bos and text.startswith(self.bos)),
+                                        parse_special=True)
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise ApiError(400, f"prompt: expected one prompt per request, found {len(prompt)}", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            return self.target.tokenize(prompt, add_special=True, parse_special=True)
+        n_vocab = self.target.n_vocab
+        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"prompt: expected token ids in 0..{n_vocab - 1}, found {bad}", param="prompt")
+        return list(prompt)
+
+    def prepare(self, body) -> tuple[list[int], GenerateOptions, int | str]:
+        self._check_common(body)
+        sampling = self._sampling(body)
+        depth = self._depth(body)
+        stops = self._stops(body)
+        tokens = self._prompt_tokens(body)
+        if not tokens:
+            raise ApiError(400, "prompt: expected at least one token, found an empty prompt", param="prompt")
+        room = self.n_ctx - len(tokens) - CONTEXT_MARGIN
+        chat = isinstance(body, ChatCompletionRequest)
+        max_tokens = (body.max_completion_tokens if chat and body.max_completion_tokens is not None
+                      else body.max_tokens)
+        if max_tokens is None:
+            max_tokens = max(0, room) if chat else COMPLETION_MAX_TOKENS
+        if len(tokens) + max_tokens + CONTEXT_MARGIN > self.n_ctx or room < 0:
+            raise ApiError(400, f"this model's context is {self.n_ctx} tokens; the prompt has {len(tokens)} and "
+                                f"max_tokens asks for {max_tokens} ({CONTEXT_MARGIN} are kept free): lower "
+                                "max_tokens or shorten the prompt", param="max_tokens" if body.max_tokens is not None
+                           or (chat and body.max_completion_tokens is not None) else "messages" if chat else "prompt",
+                           code="context_length_exceeded")
+        return tokens, GenerateOptions(n_predict=max_tokens, n_max=depth, sampling=sampling, stop=stops), depth
+
+    # ------------------------------------------------------------------ responses
+
+    @staticmethod
+    def finish_reason(stop_reason: str) -> str:
+        return "length" if stop_reason == "length" else "stop"
+
+    @staticmethod
+    def usage(stats) -> dict:
+        return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
+                "total_tokens": stats.n_prompt + stats.n_generated,
+                "prompt_tokens_details": {"cached_tokens": stats.n_cached}}
+
+    @staticmethod
+    def timings(stats, job: Job, depth) -> dict:
+        n_new = stats.n_prompt - stats.n_cached
+        return {
+            "cache_n": stats.n_cached, "prompt_n": n_new, "prompt_ms": stats.t_prefill * 1e3,
+            "prompt_per_second": n_new / stats.t_prefill if stats.t_prefill > 0 else 0.0,
+            "predicted_n": stats.n_generated, "predicted_ms": stats.t_total * 1e3,
+            "predicted_per_second": stats.tokens_per_s,
+            "draft_n": stats.drafted, "draft_n_accepted": stats.accepted,
+            "rounds": stats.rounds, "accepted_per_round": stats.mean_accepted,
+            "acceptance_by_position": stats.acceptance_by_position,
+            "depth_rounds": {str(k): v for k, v in sorted(stats.depth_rounds.items())},
+            "n_max": depth, "queue_ms": job.queue_s * 1e3, "slot": job.slot,
+        }
+
+    def _outcome_error(self, kind: str, value) -> ApiError:
+        if kind == "done":  # interrupted with the client still there: the server is stopping
+            return ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        if isinstance(value, PoolClosed):
+            return ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        if isinstance(value, ValueError):
+            return ApiError(400, str(value))
+        return ApiError(500, f"generation failed: {value}", type="server_error")
+
+    async def run(self, request: Request, body, endpoint: str):
+        try:
+            tokens, options, depth = await asyncio.to_thread(self.prepare, body)
+        except ApiError:
+            self.pool.metrics.inc("laguna_requests_total", endpoint=endpoint, outcome="bad_request")
+            raise
+        job = Job(tokens, options, stream=body.stream, endpoint=endpoint)
+        try:
+            self.pool.submit(job)
+        except QueueFull:
+            self.pool.metrics.inc("laguna_requests_total", endpoint=endpoint, outcome="queue_full")
+            raise ApiError(503, f"all {len(self.pool.slots)} slots are busy and {self.pool.max_queue} requests "
+                                "wait: try again later", type="server_error", code="queue_full",
+                           headers={"Retry-After": "1"}) from None
+        except PoolClosed:
+            raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down") from None
+        rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return EventSourceResponse(self._stream(job, endpoint, rid, depth, include_usage), sep="\n")
+        kind, value = await self._wait(request, job)
+        if kind is None:  # the client went away
+            return Response(status_code=499)
+        if kind != "done" or value.stop_reason == "interrupted":
+            raise self._outcome_error(kind, value)
+        return JSONResponse(self._full(endpoint, rid, value, job, depth))
+
+    async def _wait(self, request: Request, job: Job):
+        """The job's outcome, or (None, None) when the client disconnects first (the job is
+        cancelled: it stops at its next round and frees its slot)."""
+        getter = asyncio.ensure_future(job.events.get())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({getter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self.pool.cancel(job)
+            raise
+        finally:
+            gone.cancel()
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        self.pool.cancel(job)
+        return None, None
+
+    def _full(self, endpoint: str, rid: str, out, job: Job, depth) -> dict:
+        choice = {"index": 0, "finish_reason": self.finish_reason(out.stop_reason), "logprobs": None}
+        if endpoint == "chat":
+            choice["message"] = {"role": "assistant", "content": out.text}
+            obj = "chat.completion"
+        else:
+            choice["text"] = out.text
+            obj = "text_completion"
+        return {"id": rid, "object": obj, "created": int(time.time()), "model": self.settings.model_id,
+                "system_fingerprint": None, "choices": [choice], "usage": self.usage(out.stats),
+                "timings": self.timings(out.stats, job, depth)}
+
+    def _chunk(self, endpoint: str, rid: str, created: int, text: str | None, finish: str | None = None,
+               role: bool = False) -> dict:
+        if endpoint == "chat":
+            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            obj = "text_completion"
+        return {"id": rid, "object": obj, "created": created, "model": self.settings.model_id,
+                "system_fingerprint": None, "choices": [choice]}
+
+    async def _stream(self, job: Job, endpoint: str, rid: str, depth, include_usage: bool):
+        created = int(time.time())
+        try:
+            if endpoint == "chat":
+                yield _sse(self._chunk(endpoint, rid, created, None, role=True))
+            while True:
+                kind, value = await job.events.get()
+                if kind == "text":
+                    yield _sse(self._chunk(endpoint, rid, created, value))
+                    continue
+                if kind == "done" and value.stop_reason != "interrupted":
+                    last = self._chunk(endpoint, rid, created, None, finish=self.finish_reason(value.stop_reason))
+                    last["usage"] = self.usage(value.stats)
+                    last["timings"] = self.timings(value.stats, job, depth)
+                    yield _sse(last)
+                    if include_usage:  # OpenAI's own usage chunk: no choices
+                        yield _sse({"id": rid, "object": last["object"], "created": created,
+                                    "model": self.settings.model_id, "choices": [],
+                                    "usage": self.usage(value.stats)})
+                else:
+                    err = self._outcome_error(kind, value)
+                    yield _sse(error_body(err.message, err.type, err.param, err.code))
+                break
+            yield {"data": "[DONE]"}
+        finally:
+            if not job.finished:  # the client went away mid-stream (or the server stops)
+                self.pool.cancel(job)
+
+
+def _sse(obj: dict) -> dict:
+    return {"data": json.dumps(obj, ensure_ascii=False)}
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: the next ASGI message
+    is the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    errors = exc.errors()
+    first = errors[0] if errors else {"type": "", "loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", first.get("msg", ""))
+        return ApiError(400, f"malformed JSON body: {detail}", code="invalid_json")
+    if kind == "extra_forbidden":
+        return ApiError(400, f"unrecognized request argument supplied: {param}", param=param,
+                        code="unknown_parameter")
+    if kind == "missing":
+        return ApiError(400, f"{param or 'body'}: required", param=param, code="missing_parameter")
+    return ApiError(400, f"{param or 'body'}: {first.get('msg', 'invalid value')}", param=param, code="invalid_value")
+
+
+def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
+    server = Server(pool, settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        if settings.close_pool_on_shutdown:
+            await asyncio.to_thread(pool.close)
+
+    app = FastAPI(title="laguna-run serve", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.server = server
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError):
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        endpoint = "chat" if request.url.path.endswith("/chat/completions") else "completions"
+        pool.metrics.inc("laguna_requests_total", endpoint=endpoint, outcome="bad_request")
+        return _validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind,
+                        headers=getattr(exc, "headers", None)).response()
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        return ApiError(500, f"internal error: {exc.__class__.__name__}", type="server_error").response()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await server.run(request, body, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await server.run(request, body, "chat")
+
+    @app.get("/v1/models")
+    async def models():
+        engine = pool.engine
+        meta = {"target": engine.target.path.name, "n_ctx": server.n_ctx, "parallel": len(pool.slots),
+                "drafter": engine.drafter.spec.path.name if engine.drafter is not None else None,
+                "max_draft": server.max_draft, "n_max": settings.n_max}
+        return {"object": "list", "data": [{"id": settings.model_id, "object": "model", "created": server.created,
+                                            "owned_by": "laguna-dflash", "meta": meta}]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", **pool.status()}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(pool.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    if settings.api_key:
+        app.add_middleware(ApiKeyMiddleware, key=settings.api_key)
+    return app

@@ -1,0 +1,339 @@
+"""Engine slots over one loaded model pair, and the FIFO queue in front of them.
+
+Each slot is an :class:`~runtime.engine.Engine` (its own target and drafter contexts, its own
+prompt cache) driven by its own worker thread; the asyncio side only submits jobs and reads
+their events, so it never waits on llama.cpp. At most ``len(slots) + max_queue`` jobs are in
+flight: one per busy slot and ``max_queue`` waiting, first in first out; one more is refused
+(:class:`QueueFull`, the server's 503). A waiting job runs on the idle slot whose prompt cache
+holds the longest prefix of its prompt. Cancelling a job (its client went away) drops it from
+the queue, or ends its generation at the next round boundary (``GenerateOptions.should_stop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from ..engine import Engine, EngineConfig, GenerateOptions, GenerationResult
+from ..llama import Model
+from .metrics import Metrics
+
+
+#: a streamed job hands its text to the event loop at most this often (the first piece at once):
+#: each hand-over wakes the loop thread, which then competes with generation for the GIL (on
+#: the busy 2-core machine, streaming every round cost 2-3 points more of tokens/s than this)
+STREAM_INTERVAL_S = 0.02
+
+
+class QueueFull(Exception):
+    """Every slot is busy and the queue holds max_queue jobs."""
+
+
+class PoolClosed(Exception):
+    """The server is shutting down."""
+
+
+class StopFilter:
+    """Streams text with stop strings cut the way ``Engine.generate`` cuts them: at the first
+    occurrence of any stop string. The last ``max(len(stop)) - 1`` characters are held back
+    until they cannot start a stop string any more."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.hold = max((len(s) for s in stops), default=1) - 1
+        self.buf = ""
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        if self.stopped:
+            return ""
+        self.buf += piece
+        cut = min((i for i in (self.buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            out, self.buf, self.stopped = self.buf[:cut], "", True
+            return out
+        n = max(0, len(self.buf) - self.hold)
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def flush(self) -> str:
+        out, self.buf = ("" if self.stopped else self.buf), ""
+        return out
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What a finished job reports: a GenerationResult's fields (text cut at the stop string)."""
+
+    tokens: list[int]
+    text: str
+    stats: object
+    stop_reason: str
+
+
+class Job:
+    """One request's generation. Events reach ``events`` (an asyncio.Queue of the submitting
+    loop) as ``("text", str)`` (streaming jobs), ``("done", Outcome)`` or ``("error", exc)``."""
+
+    def __init__(self, tokens: list[int], options: GenerateOptions, *, stream: bool = False,
+                 endpoint: str = "completions", loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.tokens = list(tokens)
+        self.options = options
+        self.stream = stream
+        self.endpoint = endpoint
+        self.loop = loop or asyncio.get_running_loop()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.finished = False
+        self.outcome_label: str | None = None
+        self.slot: int | None = None
+        self.t_submit = time.perf_counter()
+        self.t_start: float | None = None
+        self.t_end: float | None = None
+        self.rounds = 0  # rounds begun (should_stop is asked once per round)
+        self.rounds_at_cancel: int | None = None
+
+    # -- the engine's side (worker thread)
+
+    def should_stop(self) -> bool:
+        if self.cancelled.is_set():
+            return True
+        self.rounds += 1
+        return False
+
+    def _put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    # -- the client's side
+
+    def cancel(self) -> None:
+        if not self.cancelled.is_set():
+            self.rounds_at_cancel = self.rounds
+            self.cancelled.set()
+
+    @property
+    def rounds_after_cancel(self) -> int | None:
+        """Rounds the generation began after its cancel (the acceptance: at most one)."""
+        return None if self.rounds_at_cancel is None else self.rounds - self.rounds_at_cancel
+
+    @property
+    def queue_s(self) -> float:
+        return ((self.t_start or time.perf_counter()) - self.t_submit)
+
+
+class Slot:
+    def __init__(self, index: int, engine: Engine, pool: "SlotPool") -> None:
+        self.index, self.engine, self.pool = index, engine, pool
+        self.job: Job | None = None
+        self._wake = threading.Condition(pool._lock)
+        self.thread = threading.Thread(target=self._work, name=f"laguna-slot-{index}", daemon=True)
+
+    def _work(self) -> None:
+        pool = self.pool
+        while True:
+            with pool._lock:
+                while self.job is None and not pool._closed:
+                    self._wake.wait()
+                job = self.job
+                if job is None:  # closed and nothing assigned
+                    return
+            try:
+                pool._execute(self, job)
+            finally:
+                pool._release(self)
+
+
+class SlotPool:
+    """N engine slots and a bounded FIFO queue (see the module docstring)."""
+
+    def __init__(self, engines: list[Engine], max_queue: int, metrics: Metrics | None = None,
+                 history: int = 64) -> None:
+        if not engines:
+            raise ValueError("a slot pool needs at least one engine")
+        if max_queue < 0:
+            raise ValueError(f"max_queue: expected >= 0, found {max_queue}")
+        self.max_queue = max_queue
+        self.metrics = metrics or Metrics()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._waiting: deque[Job] = deque()
+        self.slots = [Slot(i, e, self) for i, e in enumerate(engines)]
+        self._idle = list(self.slots)
+        self.finished: deque[Job] = deque(maxlen=history)  # the last jobs done (tests, debugging)
+        self._owned_models: list[Model] = []
+        self.metrics.set_gauge("laguna_slots", len(self.slots))
+        self._update_gauges()
+        for s in self.slots:
+            s.thread.start()
+
+    @property
+    def engine(self) -> Engine:
+        """One of the engines (for what all share: tokenizer, context size, drafter spec)."""
+        return self.slots[0].engine
+
+    # -- submission (event-loop side; never blocks on a generation)
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self._closed:
+                raise PoolClosed()
+            if self._idle:
+                self._assign(self._best_idle(job), job)
+            elif len(self._waiting) < self.max_queue:
+                self._waiting.append(job)
+            else:
+                raise QueueFull()
+            self._update_gauges()
+
+    def cancel(self, job: Job) -> None:
+        """The client is gone: drop the job from the queue, or stop it at its next round."""
+        job.cancel()
+        with self._lock:
+            try:
+                self._waiting.remove(job)
+            except ValueError:
+                return
+            self._update_gauges()
+        self._finish(job, "cancelled")
+
+    def status(self) -> dict:
+        with self._lock:
+            return {"slots": len(self.slots), "slots_idle": len(self._idle), "queue": len(self._waiting)}
+
+    # -- internals (under self._lock where noted)
+
+    def _best_idle(self, job: Job) -> Slot:  # under the lock: idle engines are not running
+        return max(self._idle, key=lambda s: (s.engine.cached_prefix(job.tokens), -s.index))
+
+    def _assign(self, slot: Slot, job: Job) -> None:  # under the lock
+        self._idle.remove(slot)
+        slot.job = job
+        job.slot = slot.index
+        slot._wake.notify()
+
+    def _release(self, slot: Slot) -> None:
+        with self._lock:
+            slot.job = None
+            self._idle.append(slot)
+            while self._waiting and not self._closed:
+                job = self._waiting.popleft()
+                if not job.cancelled.is_set():
+                    self._assign(slot, job)
+                    break
+            self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        self.metrics.set_gauge("laguna_queue_depth", len(self._waiting))
+        self.metrics.set_gauge("laguna_slots_busy", len(self.slots) - len(self._idle))
+
+    def _execute(self, slot: Slot, job: Job) -> None:
+        job.t_start = time.perf_counter()
+        if job.cancelled.is_set():
+            self._finish(job, "cancelled")
+            return
+        opts = dataclasses.replace(job.options, should_stop=job.should_stop)
+        engine = slot.engine
+        try:
+            if job.stream:
+                cut = StopFilter(opts.stop)
+                pending: list[str] = []
+                last = 0.0  # the first text goes out at once
+                for piece in engine.stream(job.tokens, opts):
+                    pending.append(cut.feed(piece))
+                    now = time.perf_counter()
+                    if now - last >= STREAM_INTERVAL_S and any(pending):
+                        job._put(("text", "".join(pending)))
+                        pending.clear()
+                        last = now
+                pending.append(cut.flush())
+                if any(pending):
+                    job._put(("text", "".join(pending)))
+                stats, reason = engine.last_stats, engine.last_stop_reason
+                outcome = Outcome(tokens=[], text="", stats=stats, stop_reason=reason)
+            else:
+                res: GenerationResult = engine.generate(job.tokens, opts)
+                outcome = Outcome(tokens=res.tokens, text=res.text, stats=res.stats, stop_reason=res.stop_reason)
+        except Exception as e:  # a refused value or a llama.cpp failure: the request's error
+            self._finish(job, "error")
+            job._put(("error", e))
+            return
+        self.metrics.observe_generation(outcome.stats, job.queue_s)
+        self._finish(job, "cancelled" if outcome.stop_reason == "interrupted" else "ok")
+        job._put(("done", outcome))
+
+    def _finish(self, job: Job, label: str) -> None:
+        job.t_end = time.perf_counter()
+        job.finished = True
+        job.outcome_label = label
+        self.metrics.inc("laguna_requests_total", endpoint=job.endpoint, outcome=label)
+        self.finished.append(job)
+
+    # -- lifetime
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Cancel every job, stop the workers, free the contexts (and the models loaded by
+        :func:`load_pool`)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            running = [s.job for s in self.slots if s.job is not None]
+            for s in self.slots:
+                s._wake.notify()
+        for job in waiting:
+            job.cancel()
+            self._finish(job, "cancelled")
+            job._put(("error", PoolClosed()))
+        for job in running:
+            job.cancel()
+        alive = False
+        for s in self.slots:
+            s.thread.join(timeout)
+            alive = alive or s.thread.is_alive()
+        if alive:  # a generation that does not stop: leave its contexts alone rather than free them under it
+            return
+        for s in self.slots:
+            s.engine.close()
+        for m in self._owned_models:
+            m.close()
+
+
+def load_pool(target_path: str | Path, drafter_path: str | Path | None, config: EngineConfig,
+              parallel: int = 1, max_queue: int = 16, metrics: Metrics | None = None) -> SlotPool:
+    """Load the target and the drafter once and make ``parallel`` engines over them."""
+    from convert.poolside import native_drafter_path
+
+    from ..llama import set_verbose
+
+    if parallel < 1:
+        raise ValueError(f"parallel: expected >= 1, found {parallel}")
+    set_verbose(config.verbose)
+    target = Model(target_path, n_gpu_layers=config.n_gpu_layers)
+    models = [target]
+    engines: list[Engine] = []
+    try:
+        drafter_model = None
+        if drafter_path is not None:
+            drafter_path = native_drafter_path(drafter_path, target.path)
+            drafter_model = Model(drafter_path, n_gpu_layers=config.n_gpu_layers_draft)
+            models.append(drafter_model)
+        for _ in range(parallel):
+            engines.append(Engine(target, drafter_path, config, drafter_model=drafter_model))
+    except BaseException:
+        for e in engines:
+            e.close()
+        for m in models:
+            m.close()
+        raise
+    pool = SlotPool(engines, max_queue, metrics)
+    pool._owned_models = models
+    return pool

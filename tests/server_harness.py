@@ -1,0 +1,59 @@
+"""A laguna-run server on 127.0.0.1 inside the test process: uvicorn in a thread, an ephemeral
+port, bounded start and stop."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from runtime.engine import Engine, EngineConfig
+from runtime.llama import Model
+from runtime.server.pool import SlotPool
+
+#: a Laguna-style template for the bundled target, whose GGUF has none
+TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def make_pool(target: Model, drafter_path, drafter_model: Model | None, parallel: int = 1, max_queue: int = 8,
+              **cfg) -> SlotPool:
+    config = EngineConfig(**{"n_ctx": 2048, "kv_type": "f32", "n_threads": 1, **cfg})
+    engines = [Engine(target, drafter_path, config, drafter_model=drafter_model) for _ in range(parallel)]
+    return SlotPool(engines, max_queue)
+
+
+class LiveServer:
+    def __init__(self, pool: SlotPool, **settings) -> None:
+        import uvicorn
+
+        from runtime.server.app import ServerSettings, create_app
+
+        self.pool = pool
+        self.settings = ServerSettings(**{"model_id": "laguna-tiny", "chat_template": TEMPLATE,
+                                          "chat_template_source": "test template", **settings})
+        self.app = create_app(pool, self.settings)
+        # IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only then
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
+                                                    lifespan="on", timeout_graceful_shutdown=5))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+        self.sock.close()
+        assert not self.thread.is_alive(), "the test server did not stop"
