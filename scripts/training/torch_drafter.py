@@ -76,7 +76,7 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 # --------------------------------------------------------------------------------------
-# config and checkpoint: the contract's (convert.checkpoint), not a copy of it
+# config and checkpoint: the contract's (laguna_dflash.convert.checkpoint), not a copy of it
 # --------------------------------------------------------------------------------------
 
 
