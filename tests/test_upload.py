@@ -309,7 +309,7 @@ def test_parse_bench_rejects_malformed_input_on_one_line(data, where):
 
 def test_inspect_gguf_reads_what_the_card_needs(drafter):
     i = up.inspect_gguf(drafter)
-    assert i.architecture == "dflash-draft" and i.is_drafter and i.laguna is True
+    assert i.architecture == K.ARCH and i.is_drafter and i.laguna is True
     assert i.file_type == 7 and dict(i.tensor_types) == {"Q8_0": 3, "F32": 2}
     assert i.target_layer_ids == tuple(XS_IDS) and i.block_size == 16 and i.mask_token_id == 12
     assert i.source_repo == "poolside/Laguna-XS-2.1-DFlash" and i.license == "apache-2.0"
