@@ -28,7 +28,9 @@ site=/tmp/laguna-dflash-site
 rm -rf "$site" && mkdir -p "$site"
 tar -C "$site" -xJf "$bundle/llama_cpp_cuda.tar.xz" || exit 1
 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$bundle"/*.whl || exit 1
-export PYTHONPATH="$site:$PWD"
+# the package as it installs (laguna_dflash.convert, laguna_dflash.runtime), from this tree
+mkdir -p "$site/laguna_dflash" && ln -s "$PWD/convert" "$site/laguna_dflash/convert" && ln -s "$PWD/runtime" "$site/laguna_dflash/runtime"
+export PYTHONPATH="$site:$PWD/scripts:$PWD/tests"
 # the tiny target fixture: it is made with llama.cpp's converter from the sdist, which that
 # machine cannot fetch
 mkdir -p "$LAGUNA_DFLASH_CACHE/fixtures"
@@ -78,7 +80,7 @@ from laguna_dflash.runtime.placement import gpu_available
 import llama_cpp; print('llama_cpp', llama_cpp.__version__, 'gpu', gpu_available())
 assert gpu_available(), 'the CUDA build sees no GPU'" || exit 1
 stage cuda 150 "$py" -m pytest -q -s -rA -p no:cacheprovider tests/test_cuda.py
-stage offload 45 env PYTHONPATH=scripts "$py" - <<'EOF'
+stage offload 45 "$py" - <<'EOF'
 import os, sys
 from pathlib import Path
 import numpy as np
