@@ -17,7 +17,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
 from rich.table import Table
 
 from . import gguf_keys as K
-from .converter import ARCH, Summary, check_output_path, prepare, write_job
+from .converter import Summary, check_output_path, prepare, write_job
 from .drafter_info import layout_problems, pairing_problems, read_drafter_gguf
 from .errors import USER_ERROR_EXIT, UserError
 from .poolside import is_poolside_layout, print_inspection
