@@ -16,6 +16,7 @@ from pathlib import Path
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from . import gguf_keys as K
+from . import pairing as pair_rules
 from .checkpoint import DrafterConfig
 from .converter import ARCH
 from .errors import ContractError
@@ -158,33 +159,6 @@ def layout_problems(info: DrafterInfo) -> list[ContractError]:
 
 
 def pairing_problems(info: DrafterInfo, target: TargetInfo) -> list[ContractError]:
-    """Why the drafter cannot run with ``target`` ([] when it can)."""
-    p, a, who = info.path, ARCH, f"target {target.name}"
-    out: list[ContractError] = []
-    ids = info.target_layer_ids
-    recorded = info.int(K.TARGET_N_LAYER)
-    if recorded is not None and recorded != target.n_layer:
-        out.append(ContractError(p, K.TARGET_N_LAYER, f"{target.n_layer} (layers of {who})", recorded))
-    if ids and max(ids) >= target.n_layer:
-        out.append(ContractError(p, K.TARGET_LAYER_IDS, f"ids below {target.n_layer} (layers of {who})",
-                                 ids))
-    hidden = info.int(K.EMBEDDING_LENGTH)
-    if hidden != target.hidden_size:
-        out.append(ContractError(p, K.EMBEDDING_LENGTH, f"{target.hidden_size} (hidden size of {who})", hidden))
-    n_feat = info.int(K.N_TARGET_FEATURES)
-    if ids and n_feat != len(ids) * target.hidden_size:
-        out.append(ContractError(p, K.N_TARGET_FEATURES,
-                                 f"{len(ids) * target.hidden_size} ({len(ids)} x hidden size of {who})", n_feat))
-    target_tokens = target.tokens()
-    if len(info.tokens) != len(target_tokens):
-        out.append(ContractError(p, "tokenizer.ggml.tokens", f"{len(target_tokens)} tokens (vocabulary of {who})",
-                                 f"{len(info.tokens)} tokens"))
-    else:
-        diff = next((i for i, (x, y) in enumerate(zip(info.tokens, target_tokens, strict=True)) if x != y), None)
-        if diff is not None:
-            out.append(ContractError(p, f"tokenizer.ggml.tokens[{diff}]", f"{target_tokens[diff]!r} (as in {who})",
-                                     repr(info.tokens[diff])))
-    mask = info.int(K.MASK_TOKEN_ID)
-    if mask is not None and not 0 <= mask < target.vocab_size:
-        out.append(ContractError(p, K.MASK_TOKEN_ID, f"a token id below {target.vocab_size} ({who})", mask))
-    return out
+    """Why the drafter cannot run with ``target`` ([] when it can): the rules of :mod:`convert.pairing`."""
+    assert info.header is not None
+    return pair_rules.pairing_problems(info.path, info.header, target.facts())

@@ -27,6 +27,7 @@ from . import gguf_keys as K
 from .errors import ContractError, UserError
 from .gguf_header import read_header
 from .gguf_rules import check_header
+from .pairing import TargetFacts
 from .writer import KV
 
 DRAFT_ARCHITECTURES = K.DRAFTER_ARCHS
@@ -54,6 +55,9 @@ class TargetInfo:
     def tokens(self) -> list[bytes]:
         kv = self.tokenizer.get("tokenizer.ggml.tokens")
         return [] if kv is None else [_as_bytes(t) for t in kv.value]
+
+    def facts(self) -> TargetFacts:
+        return TargetFacts(self.name, self.n_layer, self.hidden_size, self.tokens())
 
 
 def _as_bytes(v: str | bytes) -> bytes:

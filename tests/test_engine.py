@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from laguna_dflash.convert import converter, synthetic
+from laguna_dflash.convert.drafter_info import pairing_problems, read_drafter_gguf
 from laguna_dflash.convert.target import read_target as read_target_info
 from laguna_dflash.runtime.cli import main as cli_main
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
@@ -237,4 +238,8 @@ def test_mismatched_pair_is_refused_with_exit_code_2(tmp_path, tiny_target, kind
     assert code == 2
     lines = [ln for ln in captured.err.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and str(bad) in lines[0]
-    assert {"hidden": "embedding_length", "layers": "target_layer_ids", "vocab": "tokenizer.ggml.tokens"}[kind] in lines[0]
+    # the drafter records the target's layer count, so that rule answers before the layer ids
+    assert {"hidden": "embedding_length", "layers": "target_n_layer", "vocab": "tokenizer.ggml.tokens"}[kind] in lines[0]
+    # one rule set: the runtime's refusal is the first of the problems inspect lists
+    problems = pairing_problems(read_drafter_gguf(bad), read_target_info(tiny_target["gguf"]))
+    assert problems and lines[0] == f"error: {problems[0]}"
