@@ -113,3 +113,19 @@ def test_greedy_speculative_equals_plain_on_a_long_prompt(engine, target):
     assert spec.stats.accepted > 0
     first = next((j for j, (a, b) in enumerate(zip(plain, spec.tokens)) if a != b), None)
     assert spec.tokens == plain, f"speculative output leaves plain decoding at token {first}"
+
+
+def test_greedy_speculative_equals_plain_at_6k_tokens(target):
+    """End to end near the ≈6.4k-token prompts of the issue (one flip in four there, at the
+    10th generated token): two rotations of the 14 prompts joined, 6.7k tokens, n_ctx 8192. On
+    the demo pair no flip was found at this length without patch 0010 either (4 such prompts
+    tried, and 0 of 30 verify rows differed from their decode steps at this depth), so like
+    the 3.3k case it guards the long path: a verify row at 6.7k must still score as the step."""
+    prompt = long_prompt(rotation=0) + "\n\n" + long_prompt(rotation=7)
+    n = len(target.tokenize(prompt))
+    assert 6000 < n < 8192 - 64
+    with Engine(target, assets.converted_tiny_drafter("q8_0"), EngineConfig(n_ctx=8192, n_threads=1)) as eng:
+        plain, spec = plain_and_speculative(eng, prompt, 64, 4)
+    assert spec.stats.accepted > 0
+    first = next((j for j, (a, b) in enumerate(zip(plain, spec.tokens)) if a != b), None)
+    assert spec.tokens == plain, f"speculative output leaves plain decoding at token {first}"
