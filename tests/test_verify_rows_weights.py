@@ -77,8 +77,8 @@ def test_greedy_speculative_equals_plain_on_an_xs_width_q4_K_M_target():
     pass, which must be the decode step's token (depths 4 and 8: 5- and 9-row passes).
     Measured with 0010 and without 0011/0012: the outputs part at the 16th generated token
     (n_max 4); with them: equal. Skipped where the target is not built."""
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
-    from runtime.llama import Model
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.llama import Model
 
     target, drafter = _xs_q4_K_M_pair()
     prompt = "def quicksort(xs):\n    " * 8
