@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ ARCHITECTURE = "DFlashLagunaForCausalLM"
 SLIDING = "sliding_attention"
 FULL = "full_attention"
 LAYER_TYPES = (SLIDING, FULL)
+#: The MLP's activation (SiLU-gated); absent means this.
+HIDDEN_ACT = "silu"
 #: ``gating`` as vLLM accepts it -> the mode it means (``True`` and an absent field: per-head).
 GATING_ALIASES: tuple[tuple[Any, str], ...] = (
     (True, K.GATING_PER_HEAD), (K.GATING_PER_HEAD, K.GATING_PER_HEAD),
@@ -263,6 +266,9 @@ def parse_config(raw: Mapping[str, Any], source: Path | str) -> DrafterConfig:
     bias = r.get("attention_bias", False)
     if bias is not False:
         raise r.fail("attention_bias", "false", bias)
+    act = r.get("hidden_act", HIDDEN_ACT)
+    if act != HIDDEN_ACT:
+        raise r.fail("hidden_act", _show(HIDDEN_ACT), act)
 
     layer_type = _layer_type(r, n_layer)
     window = _window(r, n_layer) if layer_type == SLIDING else None
@@ -479,3 +485,100 @@ def split_qkv_shapes(cfg: DrafterConfig) -> dict[str, tuple[int, int]]:
     """Shapes of the split form of one layer's ``qkv_proj`` (q, k, v order)."""
     h = cfg.hidden_size
     return {"q_proj": (cfg.q_rows, h), "k_proj": (cfg.kv_rows, h), "v_proj": (cfg.kv_rows, h)}
+
+
+PREFIX = "model."
+SPLIT_QKV = ("q_proj", "k_proj", "v_proj")
+_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+def sanitize_keys(shapes: Mapping[str, tuple[int, ...]], cfg: DrafterConfig, files: Mapping[str, Path],
+                  source: Path) -> dict[str, tuple[str, ...]]:
+    """Canonical key (SPEC §2, :func:`expected_tensors` order) -> the stored keys stacked by rows to form it.
+
+    ``shapes`` are the stored tensors' shapes by stored key, ``files`` the file each is in (named
+    in errors; ``source`` when an error concerns no single file). The rules:
+
+    * a leading ``model.`` is dropped, and a tensor may not come both with and without it;
+    * layers are numbered 0..n-1, or n_target..n_target+n-1 (after the target's, as vLLM names
+      the drafter's layers) and then renumbered from 0; any other numbering is refused;
+    * a layer has either a fused ``qkv_proj`` or all of ``q_proj``/``k_proj``/``v_proj``
+      (stacked in q, k, v order), never both, never part of the split set;
+    * the result is exactly the expected key set, every shape as the config implies.
+    """
+    def file_of(keys) -> Path:
+        found = {files[k] for k in keys}
+        return found.pop() if len(found) == 1 else source
+
+    stripped: dict[str, str] = {}
+    for key in shapes:
+        name = key.removeprefix(PREFIX)
+        if name in stripped:
+            raise ContractError(files[key], name, "one copy of the tensor (with or without the 'model.' prefix)",
+                                f"both {name} and {PREFIX}{name}")
+        stripped[name] = key
+
+    n, offset = cfg.num_hidden_layers, cfg.num_target_layers
+    found = sorted({int(m.group(1)) for k in stripped if (m := _LAYER.match(k))})
+    if found == list(range(offset, offset + n)) and offset:
+        renamed = {}
+        for k, key in stripped.items():
+            m = _LAYER.match(k)
+            renamed[f"layers.{int(m.group(1)) - offset}.{m.group(2)}" if m else k] = key
+        stripped = renamed
+    elif found and found != list(range(n)):
+        raise ContractError(file_of(shapes), "layers",
+                            f"layer indices 0..{n - 1} (or {offset}..{offset + n - 1}, after the target's layers)",
+                            _ranges(found))
+
+    stacks: dict[str, tuple[str, ...]] = {k: (key,) for k, key in stripped.items()}
+    split_shapes = split_qkv_shapes(cfg)
+    for layer in range(n):
+        att = f"layers.{layer}.self_attn."
+        have = [s for s in SPLIT_QKV if att + s + ".weight" in stacks]
+        if not have:
+            continue
+        where = files[stripped[att + have[0] + ".weight"]]
+        if att + "qkv_proj.weight" in stacks:
+            raise ContractError(where, att.rstrip("."), "either qkv_proj or q_proj/k_proj/v_proj",
+                                f"both qkv_proj and {'/'.join(have)}")
+        if len(have) != 3:
+            raise ContractError(where, att.rstrip("."), "all of q_proj, k_proj, v_proj (or a fused qkv_proj)",
+                                "only " + ", ".join(have))
+        parts = tuple(stripped[att + s + ".weight"] for s in SPLIT_QKV)
+        for s, key in zip(SPLIT_QKV, parts, strict=True):
+            if tuple(shapes[key]) != split_shapes[s]:
+                raise ContractError(files[key], key, f"shape {list(split_shapes[s])}", f"shape {list(shapes[key])}")
+            del stacks[att + s + ".weight"]
+        stacks[att + "qkv_proj.weight"] = parts
+
+    def stacked_shape(keys: tuple[str, ...]) -> tuple[int, ...]:
+        first = tuple(shapes[keys[0]])
+        return (sum(shapes[k][0] for k in keys), *first[1:]) if len(keys) > 1 else first
+
+    expected = expected_tensors(cfg)
+    missing = [k for k in expected if k not in stacks]
+    extra = sorted(k for k in stacks if k not in expected)
+    if missing:
+        more = f" (and {len(missing) - 1} more tensors missing)" if len(missing) > 1 else ""
+        raise ContractError(file_of(shapes), missing[0], f"a tensor of shape {list(expected[missing[0]])}",
+                            "nothing" + more)
+    if extra:
+        keys = stacks[extra[0]]
+        more = f" (and {len(extra) - 1} more unexpected tensors)" if len(extra) > 1 else ""
+        raise ContractError(files[keys[0]], ", ".join(keys), "no such tensor in a Laguna DFlash drafter",
+                            f"a tensor of shape {list(stacked_shape(keys))}{more}")
+    out: dict[str, tuple[str, ...]] = {}
+    for name, want in expected.items():
+        keys = stacks[name]
+        if stacked_shape(keys) != want:
+            raise ContractError(files[keys[0]], ", ".join(keys), f"shape {list(want)}",
+                                f"shape {list(stacked_shape(keys))}")
+        out[name] = keys
+    return out
+
+
+def _ranges(ids: list[int]) -> str:
+    if ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}..{ids[-1]}"
+    return ", ".join(map(str, ids))

@@ -16,7 +16,8 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TransferSpeedColumn)
 from rich.table import Table
 
-from .converter import ARCH, Summary, check_output_path, prepare, write_job
+from . import gguf_keys as K
+from .converter import Summary, check_output_path, prepare, write_job
 from .drafter_info import layout_problems, pairing_problems, read_drafter_gguf
 from .errors import USER_ERROR_EXIT, UserError
 from .poolside import is_poolside_layout, print_inspection
@@ -217,31 +218,27 @@ def inspect_cmd(
     if is_poolside_layout(file):
         return print_inspection(file, target, out_console)
     info = read_drafter_gguf(file)
-    a = ARCH
     table = Table(title=str(file), show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
     rows = [
         ("architecture", info.architecture),
-        ("name", info.get("general.name")),
-        ("source repository", info.get("general.source.huggingface.repository")),
-        ("layers", info.get(f"{a}.block_count")),
-        ("hidden size", info.get(f"{a}.embedding_length")),
-        ("feed-forward size", info.get(f"{a}.feed_forward_length")),
-        ("heads / kv heads / head dim", f"{info.get(f'{a}.attention.head_count')} / "
-                                        f"{info.get(f'{a}.attention.head_count_kv')} / "
-                                        f"{info.get(f'{a}.attention.key_length')}"),
-        ("sliding window", info.get(f"{a}.attention.sliding_window") or "none (full attention)"),
-        ("rope base / rotated dims", f"{info.get(f'{a}.rope.freq_base')} / {info.get(f'{a}.rope.dimension_count')}"),
-        ("gating", info.get(f"{a}.dflash.gating") or "per-head"),
-        ("block size", info.get(f"{a}.dflash.block_size")),
-        ("mask token id", info.get(f"{a}.dflash.mask_token_id")),
-        ("target layer ids (HF)", info.get(f"{a}.dflash.target_layer_ids")),
-        ("target features", info.get(f"{a}.dflash.n_target_features")),
-        ("built for target", f"{info.get(f'{a}.dflash.target_name')} "
-                             f"({info.get(f'{a}.dflash.target_n_layer')} layers)"),
+        ("name", info.get(K.GENERAL_NAME)),
+        ("source repository", info.get(K.GENERAL_SOURCE_REPO)),
+        ("layers", info.get(K.BLOCK_COUNT)),
+        ("hidden size", info.get(K.EMBEDDING_LENGTH)),
+        ("feed-forward size", info.get(K.FEED_FORWARD_LENGTH)),
+        ("heads / kv heads / head dim", f"{info.get(K.HEAD_COUNT)} / {info.get(K.HEAD_COUNT_KV)} / {info.get(K.KEY_LENGTH)}"),
+        ("sliding window", info.get(K.SLIDING_WINDOW) or "none (full attention)"),
+        ("rope base / rotated dims", f"{info.get(K.ROPE_FREQ_BASE)} / {info.get(K.ROPE_DIMENSION_COUNT)}"),
+        ("gating", info.get(K.GATING) or "per-head"),
+        ("block size", info.get(K.BLOCK_SIZE)),
+        ("mask token id", info.get(K.MASK_TOKEN_ID)),
+        ("target layer ids (HF)", info.get(K.TARGET_LAYER_IDS)),
+        ("target features", info.get(K.N_TARGET_FEATURES)),
+        ("built for target", f"{info.get(K.TARGET_NAME)} ({info.get(K.TARGET_N_LAYER)} layers)"),
         ("vocabulary", f"{len(info.tokens)} tokens"),
-        ("file type", _file_type_name(info.get("general.file_type"))),
+        ("file type", _file_type_name(info.get(K.GENERAL_FILE_TYPE))),
     ]
     if runtimes := info.runtimes():
         rows.append(("loads in", ", ".join(runtimes)))
@@ -285,7 +282,7 @@ def main() -> None:
 
 
 try:
-    from convert import upload as _upload  # noqa: E402
+    from . import upload as _upload  # noqa: E402
 except ImportError:  # the upload command is optional: its module or its dependencies may be absent
     _upload = None  # type: ignore[assignment]
 else:

@@ -16,6 +16,7 @@ from pathlib import Path
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from . import gguf_keys as K
+from . import pairing as pair_rules
 from .checkpoint import DrafterConfig
 from .converter import ARCH
 from .errors import ContractError
@@ -45,7 +46,7 @@ class DrafterInfo:
 
     @property
     def target_layer_ids(self) -> list[int]:
-        v = self.values.get(f"{ARCH}.dflash.target_layer_ids")
+        v = self.values.get(K.TARGET_LAYER_IDS)
         return list(v) if isinstance(v, list) else []
 
     @property
@@ -69,29 +70,27 @@ class DrafterInfo:
 
     def config(self) -> DrafterConfig | None:
         """The drafter config the keys describe (enough to rebuild the expected layout)."""
-        a = ARCH
-        need = {k: self.int(f"{a}.{k}") for k in (
-            "embedding_length", "feed_forward_length", "block_count", "attention.head_count",
-            "attention.head_count_kv", "attention.key_length", "vocab_size",
-            "dflash.block_size", "dflash.mask_token_id", "dflash.target_n_layer")}
+        need = {k: self.int(k) for k in (
+            K.EMBEDDING_LENGTH, K.FEED_FORWARD_LENGTH, K.BLOCK_COUNT, K.HEAD_COUNT, K.HEAD_COUNT_KV,
+            K.KEY_LENGTH, K.VOCAB_SIZE, K.BLOCK_SIZE, K.MASK_TOKEN_ID)}
         ids = self.target_layer_ids
-        if any(v is None for k, v in need.items() if k != "dflash.target_n_layer") or not ids:
+        if any(v is None for v in need.values()) or not ids:
             return None
         n = lambda k: int(need[k])  # noqa: E731
         gating = self.values.get(K.GATING, K.GATING_DEFAULT)
         rope_dims = self.int(K.ROPE_DIMENSION_COUNT)
         return DrafterConfig(
-            source=self.path, hidden_size=n("embedding_length"), intermediate_size=n("feed_forward_length"),
-            num_hidden_layers=n("block_count"), num_attention_heads=n("attention.head_count"),
-            num_key_value_heads=n("attention.head_count_kv"), head_dim=n("attention.key_length"),
-            rms_norm_eps=float(self.values.get(f"{a}.attention.layer_norm_rms_epsilon") or 0.0),
-            vocab_size=n("vocab_size"), rope_theta=float(self.values.get(f"{a}.rope.freq_base") or 0.0),
-            max_position_embeddings=int(self.int(f"{a}.context_length") or 0),
-            sliding_window=self.int(K.SLIDING_WINDOW), block_size=n("dflash.block_size"),
-            mask_token_id=n("dflash.mask_token_id"),
-            num_target_layers=need["dflash.target_n_layer"] or max(ids) + 1, target_layer_ids=tuple(ids),
+            source=self.path, hidden_size=n(K.EMBEDDING_LENGTH), intermediate_size=n(K.FEED_FORWARD_LENGTH),
+            num_hidden_layers=n(K.BLOCK_COUNT), num_attention_heads=n(K.HEAD_COUNT),
+            num_key_value_heads=n(K.HEAD_COUNT_KV), head_dim=n(K.KEY_LENGTH),
+            rms_norm_eps=float(self.values.get(K.RMS_EPS) or 0.0),
+            vocab_size=n(K.VOCAB_SIZE), rope_theta=float(self.values.get(K.ROPE_FREQ_BASE) or 0.0),
+            max_position_embeddings=int(self.int(K.CONTEXT_LENGTH) or 0),
+            sliding_window=self.int(K.SLIDING_WINDOW), block_size=n(K.BLOCK_SIZE),
+            mask_token_id=n(K.MASK_TOKEN_ID),
+            num_target_layers=self.int(K.TARGET_N_LAYER) or max(ids) + 1, target_layer_ids=tuple(ids),
             gating=gating if gating in K.GATING_MODES else K.GATING_DEFAULT,
-            rotary_dims=rope_dims if rope_dims not in (None, n("attention.key_length")) else None)
+            rotary_dims=rope_dims if rope_dims not in (None, n(K.KEY_LENGTH)) else None)
 
 
 def _decode(v: Value) -> object:
@@ -126,17 +125,17 @@ def layout_problems(info: DrafterInfo) -> list[ContractError]:
     if cfg is None:
         out.append(ContractError(p, f"{ARCH}.*", "the size keys of SPEC §5a", "some missing"))
         return out
-    n_feat = info.int(f"{ARCH}.dflash.n_target_features")
+    n_feat = info.int(K.N_TARGET_FEATURES)
     if n_feat != cfg.n_target_features:
-        out.append(ContractError(p, f"{ARCH}.dflash.n_target_features",
+        out.append(ContractError(p, K.N_TARGET_FEATURES,
                                  f"{cfg.n_target_features} (len(target_layer_ids) * embedding_length)", n_feat))
     gating = info.get(K.GATING)
     if gating is not None and gating not in K.GATING_MODES:
         out.append(ContractError(p, K.GATING, " or ".join(K.GATING_MODES), gating))
     sliding = cfg.sliding_window is not None
-    pattern = info.get(f"{ARCH}.attention.sliding_window_pattern")
+    pattern = info.get(K.SLIDING_WINDOW_PATTERN)
     if pattern is not None and pattern != [sliding] * cfg.num_hidden_layers:
-        out.append(ContractError(p, f"{ARCH}.attention.sliding_window_pattern",
+        out.append(ContractError(p, K.SLIDING_WINDOW_PATTERN,
                                  f"{cfg.num_hidden_layers} x {str(sliding).lower()} "
                                  f"({'with' if sliding else 'without'} {K.SLIDING_WINDOW})", pattern))
     expected = {e.name: e for e in gguf_layout(cfg)}
@@ -160,33 +159,6 @@ def layout_problems(info: DrafterInfo) -> list[ContractError]:
 
 
 def pairing_problems(info: DrafterInfo, target: TargetInfo) -> list[ContractError]:
-    """Why the drafter cannot run with ``target`` ([] when it can)."""
-    p, a, who = info.path, ARCH, f"target {target.name}"
-    out: list[ContractError] = []
-    ids = info.target_layer_ids
-    recorded = info.int(f"{a}.dflash.target_n_layer")
-    if recorded is not None and recorded != target.n_layer:
-        out.append(ContractError(p, f"{a}.dflash.target_n_layer", f"{target.n_layer} (layers of {who})", recorded))
-    if ids and max(ids) >= target.n_layer:
-        out.append(ContractError(p, f"{a}.dflash.target_layer_ids", f"ids below {target.n_layer} (layers of {who})",
-                                 ids))
-    hidden = info.int(f"{a}.embedding_length")
-    if hidden != target.hidden_size:
-        out.append(ContractError(p, f"{a}.embedding_length", f"{target.hidden_size} (hidden size of {who})", hidden))
-    n_feat = info.int(f"{a}.dflash.n_target_features")
-    if ids and n_feat != len(ids) * target.hidden_size:
-        out.append(ContractError(p, f"{a}.dflash.n_target_features",
-                                 f"{len(ids) * target.hidden_size} ({len(ids)} x hidden size of {who})", n_feat))
-    target_tokens = target.tokens()
-    if len(info.tokens) != len(target_tokens):
-        out.append(ContractError(p, "tokenizer.ggml.tokens", f"{len(target_tokens)} tokens (vocabulary of {who})",
-                                 f"{len(info.tokens)} tokens"))
-    else:
-        diff = next((i for i, (x, y) in enumerate(zip(info.tokens, target_tokens, strict=True)) if x != y), None)
-        if diff is not None:
-            out.append(ContractError(p, f"tokenizer.ggml.tokens[{diff}]", f"{target_tokens[diff]!r} (as in {who})",
-                                     repr(info.tokens[diff])))
-    mask = info.int(f"{a}.dflash.mask_token_id")
-    if mask is not None and not 0 <= mask < target.vocab_size:
-        out.append(ContractError(p, f"{a}.dflash.mask_token_id", f"a token id below {target.vocab_size} ({who})", mask))
-    return out
+    """Why the drafter cannot run with ``target`` ([] when it can): the rules of :mod:`convert.pairing`."""
+    assert info.header is not None
+    return pair_rules.pairing_problems(info.path, info.header, target.facts())

@@ -16,10 +16,24 @@ target's name and layer count (provenance, checked by ``inspect`` and the runtim
 from __future__ import annotations
 
 ARCH = "dflash-draft"
+#: The generic DFlash arch of mainline llama.cpp that Poolside's own drafter GGUFs use (SPEC §5b).
+POOLSIDE_ARCH = "dflash"
+#: Every arch a drafter file may declare.
+DRAFTER_ARCHS = (ARCH, POOLSIDE_ARCH)
 
 
 def _arch(suffix: str) -> str:
     return f"{ARCH}.{suffix}"
+
+
+def suffix(key: str) -> str:
+    """The arch-relative part of a drafter key (``dflash-draft.block_count`` -> ``block_count``)."""
+    return key.removeprefix(ARCH + ".")
+
+
+def for_arch(arch: str, key: str) -> str:
+    """A drafter key as another architecture spells it (``for_arch("laguna", BLOCK_COUNT)``)."""
+    return f"{arch}.{suffix(key)}"
 
 
 # --------------------------------------------------------------------------- general.*

@@ -24,14 +24,16 @@ from pathlib import Path
 
 from gguf import GGUFValueType as T
 
-from . import gguf_keys
+from . import gguf_keys as K
 from .errors import ContractError
 from .gguf_header import Header, Value, read_header
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
 LLAMA_MAX_EXPERTS = 1024
 I32_MAX = 2**31 - 1  # llama.cpp stores most counts in uint32 but computes with int
-DRAFT_ARCH = gguf_keys.ARCH
+DRAFT_ARCH = K.ARCH
+#: ``{arch}.`` is prefixed per architecture: the rules are keyed by what follows it.
+S = K.suffix
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
 
 
@@ -88,23 +90,23 @@ def _num(n: int) -> str:
 
 #: ``{arch}.<suffix>`` for every architecture: the hyperparameters of llama.cpp's load_hparams.
 MODEL_RULES: dict[str, Rule] = {
-    "context_length": count(1, required=True),
-    "embedding_length": count(1, required=True),
-    "block_count": count(1, LLAMA_MAX_LAYERS, required=True),
+    S(K.CONTEXT_LENGTH): count(1, required=True),
+    S(K.EMBEDDING_LENGTH): count(1, required=True),
+    S(K.BLOCK_COUNT): count(1, LLAMA_MAX_LAYERS, required=True),
     "nextn_predict_layers": count(0, LLAMA_MAX_LAYERS),
-    "feed_forward_length": count(1, per_layer=True),
-    "attention.head_count": count(1, per_layer=True),
-    "attention.head_count_kv": count(1, per_layer=True),
-    "attention.key_length": count(1),
-    "attention.value_length": count(1),
+    S(K.FEED_FORWARD_LENGTH): count(1, per_layer=True),
+    S(K.HEAD_COUNT): count(1, per_layer=True),
+    S(K.HEAD_COUNT_KV): count(1, per_layer=True),
+    S(K.KEY_LENGTH): count(1),
+    S(K.VALUE_LENGTH): count(1),
     "attention.key_length_swa": count(1),
     "attention.value_length_swa": count(1),
-    "attention.layer_norm_rms_epsilon": positive_float(),
+    S(K.RMS_EPS): positive_float(),
     "attention.layer_norm_epsilon": positive_float(),
-    "attention.sliding_window": count(0),
-    "rope.freq_base": positive_float(),
+    S(K.SLIDING_WINDOW): count(0),
+    S(K.ROPE_FREQ_BASE): positive_float(),
     "rope.freq_base_swa": positive_float(),
-    "rope.dimension_count": even_count(2),
+    S(K.ROPE_DIMENSION_COUNT): even_count(2),
     "rope.dimension_count_swa": even_count(2),
     "rope.scaling.type": one_of(*ROPE_SCALING_TYPES),
     "rope.scaling.factor": non_negative_float(),  # 0: no scaling
@@ -122,37 +124,37 @@ MODEL_RULES: dict[str, Rule] = {
     "expert_gating_func": Rule("1..4 (softmax, sigmoid, softmax_weight, sqrt_softplus)", (T.UINT32,),
                                lambda v: 1 <= v <= 4),
     "leading_dense_block_count": count(0, LLAMA_MAX_LAYERS),
-    "vocab_size": count(1),
+    S(K.VOCAB_SIZE): count(1),
 }
 
 #: Per architecture: lines that replace or add to MODEL_RULES.
 ARCH_RULES: dict[str, dict[str, Rule]] = {
     "laguna": {  # src/models/laguna.cpp
-        "attention.layer_norm_rms_epsilon": positive_float(required=True),
+        S(K.RMS_EPS): positive_float(required=True),
         "leading_dense_block_count": count(0, LLAMA_MAX_LAYERS, required=True),
         "expert_feed_forward_length": count(1, per_layer=True, required=True),
     },
     DRAFT_ARCH: {  # src/models/dflash-draft.cpp (patch 0003) and SPEC §5a; one value for all layers
-        "feed_forward_length": count(1, required=True),
-        "attention.head_count": count(1, required=True),
-        "attention.head_count_kv": count(1, required=True),
-        "attention.key_length": count(1, required=True),
-        "attention.value_length": count(1),
-        "attention.layer_norm_rms_epsilon": positive_float(required=True),
-        "attention.causal": flag(True, required=True, before_load=False),
+        S(K.FEED_FORWARD_LENGTH): count(1, required=True),
+        S(K.HEAD_COUNT): count(1, required=True),
+        S(K.HEAD_COUNT_KV): count(1, required=True),
+        S(K.KEY_LENGTH): count(1, required=True),
+        S(K.VALUE_LENGTH): count(1),
+        S(K.RMS_EPS): positive_float(required=True),
+        S(K.CAUSAL): flag(True, required=True, before_load=False),
         # absent: full attention (no window), as ik_llama.cpp reads it
-        "attention.sliding_window": count(2, 1 << 20),
-        "rope.dimension_count": even_count(2),
-        "dflash.gating": one_of(*gguf_keys.GATING_MODES),
-        "dflash.laguna": flag(True, required=True, before_load=False),
-        "dflash.block_size": count(2, 512, required=True),
-        "dflash.mask_token_id": count(0, required=True),
-        "dflash.n_target_features": count(1),
-        "dflash.target_n_layer": count(1, LLAMA_MAX_LAYERS),
-        "dflash.target_layer_ids": Rule(f"a non-empty array of layer ids in 0..{LLAMA_MAX_LAYERS - 1}", (),
+        S(K.SLIDING_WINDOW): count(2, 1 << 20),
+        S(K.ROPE_DIMENSION_COUNT): even_count(2),
+        S(K.GATING): one_of(*K.GATING_MODES),
+        S(K.DFLASH_LAGUNA): flag(True, required=True, before_load=False),
+        S(K.BLOCK_SIZE): count(2, 512, required=True),
+        S(K.MASK_TOKEN_ID): count(0, required=True),
+        S(K.N_TARGET_FEATURES): count(1),
+        S(K.TARGET_N_LAYER): count(1, LLAMA_MAX_LAYERS),
+        S(K.TARGET_LAYER_IDS): Rule(f"a non-empty array of layer ids in 0..{LLAMA_MAX_LAYERS - 1}", (),
                                         lambda v: 0 <= v < LLAMA_MAX_LAYERS, per_layer=True,
                                         array_types=(T.INT32, T.UINT32), required=True),
-        "attention.sliding_window_pattern": Rule("one bool per layer", (), lambda v: isinstance(v, bool),
+        S(K.SLIDING_WINDOW_PATTERN): Rule("one bool per layer", (), lambda v: isinstance(v, bool),
                                                  per_layer=True, array_types=(T.BOOL,)),
     },
 }
@@ -187,27 +189,27 @@ class _View:
 
     def per_layer(self, suffix: str, default: list[int] | None = None) -> list[int] | None:
         v = self.raw(suffix)
-        n_layer = self.raw("block_count")
+        n_layer = self.raw(S(K.BLOCK_COUNT))
         if v is None:
             return default
         return list(v) if isinstance(v, list) else [v] * n_layer
 
 
 def _heads(v: _View) -> ContractError | None:
-    n_layer = v.raw("block_count")
-    for suffix in ("attention.head_count", "attention.head_count_kv", "feed_forward_length",
+    n_layer = v.raw(S(K.BLOCK_COUNT))
+    for suffix in (S(K.HEAD_COUNT), S(K.HEAD_COUNT_KV), S(K.FEED_FORWARD_LENGTH),
                    "expert_feed_forward_length", "expert_used_count"):
         arr = v.raw(suffix)
         if isinstance(arr, list) and len(arr) != n_layer:
             return ContractError(v.header.path, v.key(suffix), f"{n_layer} values (block_count)",
                                  f"{len(arr)} values")
-    heads = v.per_layer("attention.head_count")
-    kv = v.per_layer("attention.head_count_kv", heads)
+    heads = v.per_layer(S(K.HEAD_COUNT))
+    kv = v.per_layer(S(K.HEAD_COUNT_KV), heads)
     if heads is None:
         return None
     for il, (h, k) in enumerate(zip(heads, kv)):
         if h % k:
-            return ContractError(v.header.path, v.key("attention.head_count_kv"),
+            return ContractError(v.header.path, v.key(S(K.HEAD_COUNT_KV)),
                                  f"a divisor of attention.head_count ({h})", f"{k} (layer {il})")
     return None
 
@@ -232,7 +234,7 @@ def _experts(v: _View) -> ContractError | None:
 
 
 def _layers(v: _View) -> ContractError | None:
-    n_layer = v.raw("block_count")
+    n_layer = v.raw(S(K.BLOCK_COUNT))
     for suffix in ("leading_dense_block_count", "nextn_predict_layers"):
         n = v.raw(suffix)
         if n is not None and n > n_layer:
@@ -241,10 +243,10 @@ def _layers(v: _View) -> ContractError | None:
 
 
 def _rope(v: _View) -> ContractError | None:
-    heads = v.per_layer("attention.head_count")
-    n_embd = v.raw("embedding_length")
-    head_dim = v.raw("attention.key_length") or (n_embd // heads[0] if heads and heads[0] else None)
-    for rot, dim, dim_key in (("rope.dimension_count", head_dim, "attention.key_length"),
+    heads = v.per_layer(S(K.HEAD_COUNT))
+    n_embd = v.raw(S(K.EMBEDDING_LENGTH))
+    head_dim = v.raw(S(K.KEY_LENGTH)) or (n_embd // heads[0] if heads and heads[0] else None)
+    for rot, dim, dim_key in ((S(K.ROPE_DIMENSION_COUNT), head_dim, S(K.KEY_LENGTH)),
                               ("rope.dimension_count_swa", v.raw("attention.key_length_swa") or head_dim,
                                "attention.key_length_swa")):
         n_rot = v.raw(rot)
@@ -256,29 +258,29 @@ def _rope(v: _View) -> ContractError | None:
 def _drafter(v: _View) -> ContractError | None:
     if v.arch != DRAFT_ARCH:
         return None
-    path, n_layer = v.header.path, v.raw("block_count")
-    ids = v.raw("dflash.target_layer_ids")
+    path, n_layer = v.header.path, v.raw(S(K.BLOCK_COUNT))
+    ids = v.raw(S(K.TARGET_LAYER_IDS))
     if not ids or any(b <= a for a, b in zip(ids, ids[1:])):
-        return ContractError(path, v.key("dflash.target_layer_ids"), "non-empty, strictly increasing", ids)
-    n_feat = v.raw("dflash.n_target_features")
-    if n_feat is not None and n_feat != len(ids) * v.raw("embedding_length"):
-        return ContractError(path, v.key("dflash.n_target_features"),
+        return ContractError(path, v.key(S(K.TARGET_LAYER_IDS)), "non-empty, strictly increasing", ids)
+    n_feat = v.raw(S(K.N_TARGET_FEATURES))
+    if n_feat is not None and n_feat != len(ids) * v.raw(S(K.EMBEDDING_LENGTH)):
+        return ContractError(path, v.key(S(K.N_TARGET_FEATURES)),
                              f"{len(ids) * v.raw('embedding_length')} (len(target_layer_ids) x embedding_length)",
                              n_feat)
     # partial rotary (vLLM's partial_rotary_factor) rotates fewer dims than the head has;
     # _rope already refuses more than the head
-    pattern = v.raw("attention.sliding_window_pattern")
-    sliding = v.raw("attention.sliding_window") is not None
+    pattern = v.raw(S(K.SLIDING_WINDOW_PATTERN))
+    sliding = v.raw(S(K.SLIDING_WINDOW)) is not None
     if pattern is not None and (len(pattern) != n_layer or any(bool(x) != sliding for x in pattern)):
         expected = "true (sliding)" if sliding else "false (no attention.sliding_window: full attention)"
-        return ContractError(path, v.key("attention.sliding_window_pattern"), f"{n_layer} x {expected}", pattern)
+        return ContractError(path, v.key(S(K.SLIDING_WINDOW_PATTERN)), f"{n_layer} x {expected}", pattern)
     tokens = v.header.fields.get("tokenizer.ggml.tokens")
     n_vocab = len(tokens.value) if tokens is not None and tokens.is_array else 0
     if n_vocab == 0:
         return ContractError(path, "tokenizer.ggml.tokens", "the target's vocabulary", "none")
-    mask = v.raw("dflash.mask_token_id")
+    mask = v.raw(S(K.MASK_TOKEN_ID))
     if not mask < n_vocab:
-        return ContractError(path, v.key("dflash.mask_token_id"), f"0..{n_vocab - 1} (a token id)", mask)
+        return ContractError(path, v.key(S(K.MASK_TOKEN_ID)), f"0..{n_vocab - 1} (a token id)", mask)
     return None
 
 
@@ -332,7 +334,7 @@ def header_problems(header: Header, *, require: bool = True, before_load: bool =
         problem = _value_problem(rule, value)
         if problem is not None:
             out.append(ContractError(header.path, key, problem, _found(value)))
-    if not out and all(header.fields.get(f"{arch}.{k}") is not None for k in ("block_count", "embedding_length")):
+    if not out and all(header.fields.get(f"{arch}.{k}") is not None for k in (S(K.BLOCK_COUNT), S(K.EMBEDDING_LENGTH))):
         view = _View(header, arch)
         out += [p for p in (rel(view) for rel in RELATIONS) if p is not None]
     return out

@@ -2,11 +2,9 @@
 
 Two steps, both pure functions of the config and the tensor *index* (no weights are read):
 
-1. :func:`sanitize` (in the spirit of mlx-lm's ``sanitize`` hooks) turns whatever key set a
-   checkpoint uses into the canonical one of SPEC §2: strip a leading ``model.``; number the
-   layers from 0 when they follow the target's (``layers.40..44`` for a 40-layer target);
-   stack split ``q_proj/k_proj/v_proj`` into one ``qkv_proj`` (q, k, v rows); then demand the
-   exact key set and every shape the config implies.
+1. :func:`sanitize` binds the canonical key set of SPEC §2 (the rules are
+   :func:`convert.checkpoint.sanitize_keys`, shared with the training model) to the stored
+   tensors, stacking split ``q_proj/k_proj/v_proj`` rows into one ``qkv_proj``.
 2. :func:`gguf_plan` maps each canonical tensor to its GGUF name(s) (SPEC §5a, names from
    :mod:`convert.gguf_keys`), splitting ``qkv_proj`` back into ``attn_q``/``attn_k``/``attn_v``
    by row range.
@@ -15,7 +13,6 @@ Two steps, both pure functions of the config and the tensor *index* (no weights 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -24,15 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from . import gguf_keys as K
-from .checkpoint import DrafterConfig, expected_tensors, split_qkv_shapes
+from .checkpoint import DrafterConfig, expected_tensors, sanitize_keys
 from .errors import ContractError, UserError
 from .safetensors_io import TensorRef, read_header
 
-PREFIX = "model."
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
-_SPLIT = ("q_proj", "k_proj", "v_proj")
 
 
 # --------------------------------------------------------------------------- reading the index
@@ -95,87 +89,14 @@ class RowStack:
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
 
 
-def _file_of(refs: Mapping[str, TensorRef], source: Path) -> Path:
-    files = {r.file for r in refs.values()}
-    return files.pop() if len(files) == 1 else source
-
-
 def sanitize(refs: Mapping[str, TensorRef], cfg: DrafterConfig, source: Path) -> dict[str, RowStack]:
     """The canonical tensors of SPEC §2 (in :func:`expected_tensors` order), or a ContractError.
 
-    ``source`` (the drafter directory) is named in errors that concern no single file.
+    The rules are :func:`convert.checkpoint.sanitize_keys`; ``source`` (the drafter directory)
+    is named in errors that concern no single file.
     """
-    # 1. a leading ``model.`` is dropped, but the same tensor may not come twice.
-    stripped: dict[str, TensorRef] = {}
-    for key, ref in refs.items():
-        name = key[len(PREFIX):] if key.startswith(PREFIX) else key
-        if name in stripped:
-            raise ContractError(ref.file, name, "one copy of the tensor (with or without the 'model.' prefix)",
-                                f"both {name} and {PREFIX}{name}")
-        stripped[name] = ref
-
-    # 2. layers numbered after the target's are renumbered from 0.
-    n, offset = cfg.num_hidden_layers, cfg.num_target_layers
-    found = sorted({int(m.group(1)) for k in stripped if (m := _LAYER.match(k))})
-    if found == list(range(offset, offset + n)) and offset:
-        renamed = {}
-        for k, ref in stripped.items():
-            m = _LAYER.match(k)
-            renamed[f"layers.{int(m.group(1)) - offset}.{m.group(2)}" if m else k] = ref
-        stripped = renamed
-    elif found and found != list(range(n)):
-        raise ContractError(_file_of(refs, source), "layers",
-                            f"layer indices 0..{n - 1} (or {offset}..{offset + n - 1}, after the target's layers)",
-                            _ranges(found))
-
-    # 3. split q/k/v becomes one stacked qkv_proj; a layer has exactly one of the two forms.
-    stacks = {k: RowStack((ref,)) for k, ref in stripped.items()}
-    split_shapes = split_qkv_shapes(cfg)
-    for layer in range(n):
-        att = f"layers.{layer}.self_attn."
-        have = [s for s in _SPLIT if att + s + ".weight" in stacks]
-        if not have:
-            continue
-        where = stripped[att + have[0] + ".weight"].file
-        if att + "qkv_proj.weight" in stacks:
-            raise ContractError(where, att.rstrip("."), "either qkv_proj or q_proj/k_proj/v_proj",
-                                f"both qkv_proj and {'/'.join(have)}")
-        if len(have) != 3:
-            raise ContractError(where, att.rstrip("."), "all of q_proj, k_proj, v_proj (or a fused qkv_proj)",
-                                "only " + ", ".join(have))
-        parts = tuple(stripped[att + s + ".weight"] for s in _SPLIT)
-        for s, p in zip(_SPLIT, parts, strict=True):
-            if p.shape != split_shapes[s]:
-                raise ContractError(p.file, p.name, f"shape {list(split_shapes[s])}", f"shape {list(p.shape)}")
-            del stacks[att + s + ".weight"]
-        stacks[att + "qkv_proj.weight"] = RowStack(parts)
-
-    # 4. exactly the expected key set, every shape as the config implies.
-    expected = expected_tensors(cfg)
-    missing = [k for k in expected if k not in stacks]
-    extra = sorted(k for k in stacks if k not in expected)
-    if missing:
-        more = f" (and {len(missing) - 1} more tensors missing)" if len(missing) > 1 else ""
-        raise ContractError(_file_of(refs, source), missing[0],
-                            f"a tensor of shape {list(expected[missing[0]])}", "nothing" + more)
-    if extra:
-        stack = stacks[extra[0]]
-        more = f" (and {len(extra) - 1} more unexpected tensors)" if len(extra) > 1 else ""
-        raise ContractError(stack.parts[0].file, stack.where, "no such tensor in a Laguna DFlash drafter",
-                            f"a tensor of shape {list(stack.shape)}{more}")
-    out: dict[str, RowStack] = {}
-    for key, want in expected.items():
-        stack = stacks[key]
-        if stack.shape != want:
-            raise ContractError(stack.parts[0].file, stack.where, f"shape {list(want)}", f"shape {list(stack.shape)}")
-        out[key] = stack
-    return out
-
-
-def _ranges(ids: list[int]) -> str:
-    if ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}..{ids[-1]}"
-    return ", ".join(map(str, ids))
+    stored = sanitize_keys({k: r.shape for k, r in refs.items()}, cfg, {k: r.file for k, r in refs.items()}, source)
+    return {name: RowStack(tuple(refs[k] for k in keys)) for name, keys in stored.items()}
 
 
 def load_checkpoint(drafter_dir: Path, cfg: DrafterConfig) -> dict[str, RowStack]:

@@ -14,12 +14,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from . import gguf_keys as K
 from .errors import UserError
 
 #: `general.architecture` of the drafter files this project writes (SPEC §5a).
-DRAFTER_ARCH = "dflash-draft"
+DRAFTER_ARCH = K.ARCH
 #: `general.architecture` of Poolside's own drafter GGUFs (SPEC §5b).
-POOLSIDE_DRAFTER_ARCH = "dflash"
+POOLSIDE_DRAFTER_ARCH = K.POOLSIDE_ARCH
 #: `general.architecture` of a Laguna target GGUF.
 TARGET_ARCH = "laguna"
 

@@ -33,6 +33,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
 from gguf.quants import dequantize
 
+from . import gguf_keys as K
 from .checkpoint import ARCHITECTURE, DEFAULT_CONTEXT_LENGTH, MODEL_TYPE, SLIDING, DrafterConfig, check_pair, parse_config
 from .converter import ARCH, Summary, check_output_path, drafter_metadata
 from .errors import ContractError, UserError
@@ -41,7 +42,7 @@ from .quantize import OutType, check_encodable, encode
 from .target import CACHE_ENV, TargetInfo, open_gguf, read_target
 from .writer import KV, TensorSpec, write_gguf
 
-POOLSIDE_ARCH = "dflash"
+POOLSIDE_ARCH = K.POOLSIDE_ARCH
 LAGUNA_DECODER = "laguna"
 AUX_NORM = "enc.aux_norm.weight"
 #: llama.cpp's DFlash default when a file has no ``dflash.block_size`` (common/speculative.cpp).
@@ -79,7 +80,8 @@ _INT_TYPES = (GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGU
 
 
 def _key(name: str) -> str:
-    return f"{POOLSIDE_ARCH}.{name}"
+    """A key of Poolside's layout: one of ours under its arch, or a suffix only it has."""
+    return K.for_arch(POOLSIDE_ARCH, name)
 
 
 #: Metadata the Laguna drafter's forward does not have; a file setting any of them otherwise is
@@ -100,23 +102,23 @@ _FIELD_KEYS = (
     ("dflash_config.target_layer_ids", _key("target_layers")),
     ("dflash_config.block_size", _key("block_size")),
     ("dflash_config.mask_token_id", Keys.Tokenizer.MASK_ID),
-    ("dflash_config.causal", _key("attention.causal")),
+    ("dflash_config.causal", _key(K.CAUSAL)),
     ("dflash_config.num_target_layers", _key("target_layers")),
-    ("hidden_size", _key("embedding_length")),
-    ("intermediate_size", _key("feed_forward_length")),
-    ("num_hidden_layers", _key("block_count")),
-    ("num_attention_heads", _key("attention.head_count")),
-    ("num_key_value_heads", _key("attention.head_count_kv")),
-    ("head_dim", _key("attention.key_length")),
-    ("rms_norm_eps", _key("attention.layer_norm_rms_epsilon")),
+    ("hidden_size", _key(K.EMBEDDING_LENGTH)),
+    ("intermediate_size", _key(K.FEED_FORWARD_LENGTH)),
+    ("num_hidden_layers", _key(K.BLOCK_COUNT)),
+    ("num_attention_heads", _key(K.HEAD_COUNT)),
+    ("num_key_value_heads", _key(K.HEAD_COUNT_KV)),
+    ("head_dim", _key(K.KEY_LENGTH)),
+    ("rms_norm_eps", _key(K.RMS_EPS)),
     ("draft_vocab_size", "tokenizer.ggml.tokens"),
     ("vocab_size", "tokenizer.ggml.tokens"),
-    ("sliding_windows", _key("attention.sliding_window")),
-    ("sliding_window", _key("attention.sliding_window")),
-    ("rope_theta", _key("rope.freq_base")),
-    ("rope_parameters", _key("rope.dimension_count")),
+    ("sliding_windows", _key(K.SLIDING_WINDOW)),
+    ("sliding_window", _key(K.SLIDING_WINDOW)),
+    ("rope_theta", _key(K.ROPE_FREQ_BASE)),
+    ("rope_parameters", _key(K.ROPE_DIMENSION_COUNT)),
     ("rope_scaling", _key("rope.scaling.type")),
-    ("max_position_embeddings", _key("context_length")),
+    ("max_position_embeddings", _key(K.CONTEXT_LENGTH)),
     ("gating", "blk.0.attn_gate.weight"),
 )
 
@@ -214,26 +216,26 @@ def _stored_layers(path: Path, values: Mapping[str, Any], types: Mapping[str, GG
 def _hf_config(path: Path, values: Mapping[str, Any], types: Mapping[str, GGUFValueType],
                tensors: Mapping[str, Any], hf_ids: list[int], n_target_layers: int, vocab: int) -> dict:
     """The SPEC §2 ``config.json`` this file's metadata describes."""
-    n_layer = values.get(_key("block_count"))
-    n_head = values.get(_key("attention.head_count"))
-    head_dim = values.get(_key("attention.key_length"))
-    value_length = values.get(_key("attention.value_length"), head_dim)
+    n_layer = values.get(_key(K.BLOCK_COUNT))
+    n_head = values.get(_key(K.HEAD_COUNT))
+    head_dim = values.get(_key(K.KEY_LENGTH))
+    value_length = values.get(_key(K.VALUE_LENGTH), head_dim)
     if value_length != head_dim:
-        raise ContractError(path, _key("attention.value_length"), f"{head_dim} (= attention.key_length)",
+        raise ContractError(path, _key(K.VALUE_LENGTH), f"{head_dim} (= attention.key_length)",
                             value_length)
     raw: dict[str, Any] = {
         "model_type": MODEL_TYPE,
         "architectures": [ARCHITECTURE],
-        "hidden_size": values.get(_key("embedding_length")),
-        "intermediate_size": values.get(_key("feed_forward_length")),
+        "hidden_size": values.get(_key(K.EMBEDDING_LENGTH)),
+        "intermediate_size": values.get(_key(K.FEED_FORWARD_LENGTH)),
         "num_hidden_layers": n_layer,
         "num_attention_heads": n_head,
-        "num_key_value_heads": values.get(_key("attention.head_count_kv")),
+        "num_key_value_heads": values.get(_key(K.HEAD_COUNT_KV)),
         "head_dim": head_dim,
-        "rms_norm_eps": values.get(_key("attention.layer_norm_rms_epsilon")),
+        "rms_norm_eps": values.get(_key(K.RMS_EPS)),
         "vocab_size": vocab,
-        "rope_theta": values.get(_key("rope.freq_base")),
-        "max_position_embeddings": values.get(_key("context_length"), DEFAULT_CONTEXT_LENGTH),
+        "rope_theta": values.get(_key(K.ROPE_FREQ_BASE)),
+        "max_position_embeddings": values.get(_key(K.CONTEXT_LENGTH), DEFAULT_CONTEXT_LENGTH),
         "attention_bias": False,
         "num_experts": 0,
         "gating": "per-head",
@@ -243,23 +245,23 @@ def _hf_config(path: Path, values: Mapping[str, Any], types: Mapping[str, GGUFVa
             "num_target_layers": n_target_layers,
             "target_layer_ids": hf_ids,
             # Poolside's fork runs every Laguna drafter causally (it keys that on decoder_arch).
-            "causal": values.get(_key("attention.causal"), True),
+            "causal": values.get(_key(K.CAUSAL), True),
         },
     }
     gate = tensors.get("blk.0.attn_gate.weight")
     if gate is not None and isinstance(n_head, int) and isinstance(head_dim, int) and n_head > 1:
         if int(gate.shape[1]) == n_head * head_dim:
             raw["gating"] = "per-element"
-    rope_dims = values.get(_key("rope.dimension_count"))
+    rope_dims = values.get(_key(K.ROPE_DIMENSION_COUNT))
     if rope_dims is not None and rope_dims != head_dim and isinstance(head_dim, int) and head_dim > 0:
         raw["rope_parameters"] = {"rope_type": "default", "partial_rotary_factor": rope_dims / head_dim}
-    window = values.get(_key("attention.sliding_window"))
+    window = values.get(_key(K.SLIDING_WINDOW))
     n = n_layer if isinstance(n_layer, int) and n_layer > 0 else 0
     if window is not None:
         raw["sliding_window"] = window
-        pattern = values.get(_key("attention.sliding_window_pattern"), [True] * n)
+        pattern = values.get(_key(K.SLIDING_WINDOW_PATTERN), [True] * n)
         if not isinstance(pattern, list) or len(pattern) != n:
-            raise ContractError(path, _key("attention.sliding_window_pattern"), f"{n} booleans (one per layer)",
+            raise ContractError(path, _key(K.SLIDING_WINDOW_PATTERN), f"{n} booleans (one per layer)",
                                 pattern)
         raw["layer_types"] = [SLIDING if p else FULL_ATTENTION for p in pattern]
     else:
@@ -271,12 +273,12 @@ def _translated(path: Path, e: ContractError, values: Mapping[str, Any]) -> Cont
     """A parse_config/check_pair error about a config field, re-aimed at the Poolside key it came from."""
     f = e.field
     if f.startswith("layer_types"):
-        if _key("attention.sliding_window") not in values:
-            return ContractError(path, _key("attention.sliding_window"),
+        if _key(K.SLIDING_WINDOW) not in values:
+            return ContractError(path, _key(K.SLIDING_WINDOW),
                                  "a window (every layer of a Laguna drafter is sliding-window)",
                                  "nothing (full attention on every layer)")
-        return ContractError(path, _key("attention.sliding_window_pattern"), "true on every layer",
-                             values.get(_key("attention.sliding_window_pattern")))
+        return ContractError(path, _key(K.SLIDING_WINDOW_PATTERN), "true on every layer",
+                             values.get(_key(K.SLIDING_WINDOW_PATTERN)))
     for prefix, key in _FIELD_KEYS:
         if f == prefix or f.startswith(prefix + ".") or f.startswith(prefix + "["):
             return ContractError(path, key + f[len(prefix):] if f.startswith(prefix + "[") else key,
@@ -307,18 +309,18 @@ def read_poolside(path: Path | str, target: TargetInfo | None = None) -> Poolsid
         if key in values and values[key] not in neutral:
             raise ContractError(path, key, " or ".join(repr(v) for v in neutral) + " (the Laguna drafter's forward)",
                                 repr(values[key]))
-    hidden_key = _key("embedding_length")
+    hidden_key = _key(K.EMBEDDING_LENGTH)
     if _key("target_hidden_size") in values and values[_key("target_hidden_size")] != values.get(hidden_key):
         raise ContractError(path, _key("target_hidden_size"), f"{values.get(hidden_key)} (= embedding_length)",
                             values[_key("target_hidden_size")])
 
     stored = _stored_layers(path, values, types, target.n_layer if target else None)
     tokens = _tokens(reader)
-    vocab = values.get(_key("vocab_size")) or len(tokens) or (target.vocab_size if target else None)
+    vocab = values.get(_key(K.VOCAB_SIZE)) or len(tokens) or (target.vocab_size if target else None)
     if not vocab:
         raise ContractError(path, "tokenizer.ggml.tokens", "the target's vocabulary (or give --target)", "none")
     if tokens and len(tokens) != vocab:
-        raise ContractError(path, _key("vocab_size"), f"{len(tokens)} (tokens in tokenizer.ggml.tokens)", vocab)
+        raise ContractError(path, _key(K.VOCAB_SIZE), f"{len(tokens)} (tokens in tokenizer.ggml.tokens)", vocab)
     raw = _hf_config(path, values, types, tensors, [t - 1 for t in stored],
                      target.n_layer if target else max(stored), vocab)
     try:
@@ -622,7 +624,7 @@ def print_inspection(path: Path, target_path: Path | None, console: Any) -> None
         table.add_row(k, str(v))
     console.print(table)
     console.print("layout: Poolside's dflash layout (SPEC §5b), complete; laguna-run -md converts it once into "
-                  "dflash-draft (SPEC §5a), `laguna-gguf convert FILE.gguf --target T -o OUT` rewrites it",
+                  f"{ARCH} (SPEC §5a), `laguna-gguf convert FILE.gguf --target T -o OUT` rewrites it",
                   soft_wrap=True)
     if target is not None:
         console.print(f"pairs with target {target.name} ({target.n_layer} layers, hidden {target.hidden_size}, "

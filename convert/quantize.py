@@ -274,13 +274,15 @@ def decode(data: np.ndarray, qtype: GGMLQuantizationType, shape: tuple[int, ...]
 
 # --------------------------------------------------------------------------- 4-6-bit: llama.cpp's quantiser
 
-#: The child process's first argument, so that ``python -m convert.quantize`` does nothing by accident.
+#: The child process's first argument, so that running this module by hand does nothing by accident.
 _CHILD_VERB = "llama-quantize"
 
 
 def quantize_command(src: Path, dst: Path, file_type: int, n_threads: int) -> list[str]:
     """The child process :func:`llama_quantize` runs (a function, so tests can replace it)."""
-    return [sys.executable, "-m", "convert.quantize", _CHILD_VERB, os.fspath(src), os.fspath(dst),
+    # this module's own import name, whatever the package is installed as
+    module = __spec__.name if __spec__ is not None else __name__
+    return [sys.executable, "-m", module, _CHILD_VERB, os.fspath(src), os.fspath(dst),
             str(int(file_type)), str(int(n_threads))]
 
 

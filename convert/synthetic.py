@@ -1,6 +1,6 @@
 """Deterministic random Laguna DFlash drafter checkpoints, for tests and benchmarks.
 
-    from convert.synthetic import XS_2_1, write_drafter
+    from .synthetic import XS_2_1, write_drafter
     write_drafter(Path("xs"), **XS_2_1)                        # the real XS 2.1 shapes, 0.9 GB bf16
     write_drafter(Path("tiny"), fused_qkv=False, prefix=True)  # a few hundred KB, split q/k/v, ``model.``
 
@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .checkpoint import DEFAULT_CONTEXT_LENGTH, SLIDING, DrafterConfig, expected_tensors, parse_config
+from .checkpoint import (ARCHITECTURE, DEFAULT_CONTEXT_LENGTH, MODEL_TYPE, SLIDING, DrafterConfig, expected_tensors,
+                         parse_config)
 from .quantize import to_bf16_bits
 from .safetensors_io import PlannedTensor, write_streaming
 
@@ -87,8 +88,8 @@ def drafter_config_dict(
     """
     ids = [int(i) for i in target_layer_ids]
     cfg: dict[str, Any] = {
-        "architectures": ["DFlashLagunaForCausalLM"],
-        "model_type": "laguna",
+        "architectures": [ARCHITECTURE],
+        "model_type": MODEL_TYPE,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "dflash_config": {

@@ -23,12 +23,14 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
+from . import gguf_keys as K
 from .errors import ContractError, UserError
 from .gguf_header import read_header
 from .gguf_rules import check_header
+from .pairing import TargetFacts
 from .writer import KV
 
-DRAFT_ARCHITECTURES = ("dflash-draft", "dflash")
+DRAFT_ARCHITECTURES = K.DRAFTER_ARCHS
 TOKENIZER_PREFIX = "tokenizer."
 LLAMA_CPP_ENV = "LAGUNA_LLAMA_CPP_DIR"
 CACHE_ENV = "LAGUNA_DFLASH_CACHE"
@@ -53,6 +55,9 @@ class TargetInfo:
     def tokens(self) -> list[bytes]:
         kv = self.tokenizer.get("tokenizer.ggml.tokens")
         return [] if kv is None else [_as_bytes(t) for t in kv.value]
+
+    def facts(self) -> TargetFacts:
+        return TargetFacts(self.name, self.n_layer, self.hidden_size, self.tokens())
 
 
 def _as_bytes(v: str | bytes) -> bytes:
@@ -141,8 +146,8 @@ def read_target_gguf(path: Path) -> TargetInfo:
             raise ContractError(path, key, "a positive integer", "nothing" if v is None else v)
         return v
 
-    n_layer = need_int(f"{arch}.block_count")
-    hidden = need_int(f"{arch}.embedding_length")
+    n_layer = need_int(K.for_arch(arch, K.BLOCK_COUNT))
+    hidden = need_int(K.for_arch(arch, K.EMBEDDING_LENGTH))
     tok = tokenizer_kvs(reader)
     tokens = tok.get("tokenizer.ggml.tokens")
     if tokens is None or tokens.sub_type != GGUFValueType.STRING or not tokens.value:

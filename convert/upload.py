@@ -25,6 +25,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+from . import gguf_keys as K
 from .errors import USER_ERROR_EXIT, UserError
 from .model_card import BenchResults, GGUFInfo, build_model_card, human_size, parse_bench
 
@@ -185,9 +186,9 @@ def inspect_gguf(path: Path) -> GGUFInfo:
             kind = f"type {int(t.tensor_type)}"
         counts[kind] += 1
         weights[kind] += int(t.n_elements)
-    ids = _field(reader, f"{arch}.dflash.target_layer_ids")
+    ids = _field(reader, K.for_arch(arch, K.TARGET_LAYER_IDS))
     layer_ids = tuple(int(i) for i in ids) if isinstance(ids, list) and ids else None
-    laguna = _field(reader, f"{arch}.dflash.laguna")
+    laguna = _field(reader, K.for_arch(arch, K.DFLASH_LAGUNA))
     source = _as_str(_field(reader, "general.source.huggingface.repository"))
     if source is not None and not _REPO_ID_RE.fullmatch(source):
         source = _repo_from_url(source)
@@ -202,14 +203,14 @@ def inspect_gguf(path: Path) -> GGUFInfo:
         file_type=_as_int(_field(reader, "general.file_type")),
         # The type holding most of the weights first: that is what the file "is".
         tensor_types=tuple(sorted(counts.items(), key=lambda kv: (-weights[kv[0]], kv[0]))),
-        block_count=_as_int(_field(reader, f"{arch}.block_count")),
-        embedding_length=_as_int(_field(reader, f"{arch}.embedding_length")),
+        block_count=_as_int(_field(reader, K.for_arch(arch, K.BLOCK_COUNT))),
+        embedding_length=_as_int(_field(reader, K.for_arch(arch, K.EMBEDDING_LENGTH))),
         laguna=bool(laguna) if isinstance(laguna, bool) else None,
-        block_size=_as_int(_field(reader, f"{arch}.dflash.block_size")),
-        mask_token_id=_as_int(_field(reader, f"{arch}.dflash.mask_token_id")),
+        block_size=_as_int(_field(reader, K.for_arch(arch, K.BLOCK_SIZE))),
+        mask_token_id=_as_int(_field(reader, K.for_arch(arch, K.MASK_TOKEN_ID))),
         target_layer_ids=layer_ids,
-        target_name=_as_str(_field(reader, f"{arch}.dflash.target_name")),
-        target_n_layer=_as_int(_field(reader, f"{arch}.dflash.target_n_layer")),
+        target_name=_as_str(_field(reader, K.for_arch(arch, K.TARGET_NAME))),
+        target_n_layer=_as_int(_field(reader, K.for_arch(arch, K.TARGET_N_LAYER))),
         source_repo=source,
         license=_as_str(_field(reader, "general.license")),
     )

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from convert.errors import UserError
+from ..convert.errors import UserError
 
 PACKAGE = Path(__file__).resolve().parent
-REPO = PACKAGE.parent
 TINY_DIR = PACKAGE / "assets" / "laguna-tiny"
 TINY_TARGET = TINY_DIR / "Laguna-Tiny-target-Q8_0.gguf"
 TINY_DRAFTER_HF = TINY_DIR / "Laguna-Tiny-DFlash"
-PROMPTS_DIR = REPO / "scripts" / "prompts"
+PROMPTS_DIR = PACKAGE / "assets" / "prompts"
 CODE_PROMPTS = PROMPTS_DIR / "code.txt"
 
 
@@ -32,9 +31,9 @@ def tiny_drafter_digest() -> str:
 
 def converted_tiny_drafter(outtype: str = "q8_0") -> Path:
     """The shipped HF drafter converted with laguna-gguf convert, once per checkpoint content."""
-    from convert import converter
-    from convert.poolside import layout_version
-    from convert.target import read_target
+    from ..convert import converter
+    from ..convert.poolside import layout_version
+    from ..convert.target import read_target
 
     # keyed by the converter's code too: a cached file from before a layout change (e.g. the
     # pre-FFN norm's name) would still load here but not in ik_llama.cpp

@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from convert.errors import UserError
+from ..convert.errors import UserError
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 ROLES = ("system", "user", "assistant")

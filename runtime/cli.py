@@ -20,8 +20,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from convert.errors import USER_ERROR_EXIT, UserError
-from convert.poolside import native_drafter_path
+from ..convert.errors import USER_ERROR_EXIT, UserError
+from ..convert.poolside import native_drafter_path
 
 from . import assets
 from .chat_template import TEMPLATE_KEY, render_chat

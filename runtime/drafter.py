@@ -9,11 +9,26 @@ removes the block's own K/V so only context stays cached (SPEC §3).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import bindings
 from .llama import Context, ContextParams, LlamaError, Model, microbatch_for_window
 from .pair import DrafterSpec, check_pair, fuse_features, read_drafter, read_target
+
+#: After a stretch of plain steps the drafter reads the rows of only the last CATCHUP_ROWS of
+#: them (of its whole window, if that is smaller). Each row read costs a plain step 1-2% (the
+#: target's capture, the copy), and on the tiny pair drafts after 150 plain steps were accepted
+#: as often with the last 32-128 rows in context as with all 512 (docs/journal/autotune.md).
+CATCHUP_ROWS = 64
+
+
+def capture_horizon(window: int) -> float:
+    """How many plain steps before a drafting round read their rows for a drafter of this
+    sliding window: CATCHUP_ROWS at most, the window if smaller; without a window (0) every
+    row stays visible, so every plain step reads its row."""
+    return min(window, CATCHUP_ROWS) if window > 0 else math.inf
 
 
 class Drafter:
@@ -47,6 +62,9 @@ class Drafter:
         # rows of plain steps captured but not yet injected (see queue_row)
         self._pending = np.empty((0, self._width), dtype=np.float32)
         self.n_pending = 0
+        #: plain steps this close to a drafting round read their rows (see plain_step_begins)
+        self.capture_horizon = capture_horizon(self.spec.sliding_window)
+        self.capturing = False  # whether the target captures this drafter's layers
 
     # -- capture on the target side
 
@@ -55,8 +73,40 @@ class Drafter:
         return self.spec.capture_slots
 
     def enable_capture(self) -> None:
-        for s in self.capture_slots:
-            self.target_ctx.set_capture(s)
+        self.set_capture(True)
+
+    def set_capture(self, on: bool) -> None:
+        """Whether the target captures this drafter's layers; switched only on a change, since a
+        switch costs the target's next decode a graph rebuild."""
+        if on != self.capturing:
+            for s in self.capture_slots:
+                self.target_ctx.set_capture(s, on)
+            self.capturing = on
+
+    # -- catch-up: plain steps between drafting rounds
+
+    def plain_step_begins(self, plain_rounds_ahead: int) -> None:
+        """Before a plain step: the target captures its row only if a later draft will read it,
+        i.e. when fewer than ``capture_horizon`` plain rounds are promised after this one (each
+        captured row is copied out of the graph, off the device on a GPU)."""
+        self.set_capture(plain_rounds_ahead < self.capture_horizon)
+
+    def plain_step_ends(self) -> None:
+        """After a plain step: its row waits for the next draft, or, not captured, is skipped
+        for good (no later query sees it)."""
+        if self.capturing:
+            self.queue_row()
+        else:
+            self.skip_pending(1)
+
+    def catch_up(self, next_query: int) -> bool:
+        """Before a draft: capture on again, and the queued rows of the plain steps injected;
+        whether there were any (their time is the catch-up's, not the draft's)."""
+        self.set_capture(True)
+        if not self.n_pending:
+            return False
+        self.flush_pending(next_query)
+        return True
 
     def captured_features(self, rows: slice | None = None) -> np.ndarray:
         """Fused features [T, n_ids * H] of the target's last decode (optionally a row slice)."""

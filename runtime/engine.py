@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,13 +22,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from convert.gguf_rules import read_header_cached
+from ..convert.gguf_rules import read_header_cached
 
 from .drafter import Drafter
 from .llama import ClosedError, Context, ContextParams, LlamaError, Model, microbatch_for_window
 from .pair import DRAFT_ARCH, check_pair, read_drafter, read_target
 from .sampling import Sampler, SamplingParams
-from .tuner import DepthPolicy, FixedDepth, capture_horizon
+from .tuner import DepthPolicy, FixedDepth
 
 
 @dataclass
@@ -208,7 +207,7 @@ class Engine:
         self.target_spec = read_target(target.path)
         draft_spec = None
         if drafter_path is not None:
-            from convert.poolside import native_drafter_path
+            from ..convert.poolside import native_drafter_path
 
             from .pair import check_pair, read_drafter
 
@@ -229,10 +228,6 @@ class Engine:
         self.last_stats: Stats | None = None
         self.last_stop_reason: str | None = None
         self.drafter: Drafter | None = None
-        # plain steps this close to a drafting round read their rows for the drafter; a drafter
-        # without a window sees every row, so every plain step reads its row
-        window = draft_spec.sliding_window if draft_spec else 0
-        self.capture_horizon = capture_horizon(window) if window or draft_spec is None else math.inf
         if draft_spec is not None:
             if drafter_model is None and cfg.rpc:
                 from .llama import Model as _Model
@@ -282,11 +277,6 @@ class Engine:
         with self._serial.hold(reentrant=True):
             self._check_open()
             return self.target.detokenize(tokens).decode("utf-8", errors="replace")
-
-    def _set_capture(self, enable: bool) -> None:
-        if self.drafter is not None:
-            for slot in self.drafter.capture_slots:
-                self.ctx.set_capture(slot, enable)
 
     def reset(self) -> None:
         with self._serial.hold(reentrant=True):
@@ -403,7 +393,8 @@ class Engine:
         sampler = Sampler(opts.sampling)
         # a fixed depth of 0 is plain decoding: no capture, no drafter bookkeeping
         drafter = None if isinstance(policy, FixedDepth) and policy.depth == 0 else self.drafter
-        capture = _Capture(self, drafter is not None)
+        if self.drafter is not None:
+            self.drafter.set_capture(drafter is not None)
         stats = Stats(n_prompt=len(prompt_tokens))
         rec = _Recorder(stats, policy, opts.trace)
         bonus = self._prefill(prompt_tokens, drafter, sampler, stats)
@@ -433,28 +424,22 @@ class Engine:
             rec.mark("policy")
 
             if drafter is None or depth <= 0:
-                # ---- plain step. While the tuner promises more plain steps than the drafter
-                # reads back before its next draft, the target need not capture the row (each
-                # captured row is copied out of the graph, off the device on a GPU)
-                need_row = drafter is not None and policy.plain_rounds_ahead() < self.capture_horizon
-                capture.set(need_row)
+                # ---- plain step (the drafter reads its row at its next draft, or never)
+                if drafter is not None:
+                    drafter.plain_step_begins(policy.plain_rounds_ahead())
                 rec.mark("host")
                 self.ctx.step(bonus, n_past)
                 rec.mark("verify")
-                if need_row:
-                    drafter.queue_row()
-                elif drafter is not None:
-                    drafter.skip_pending(1)
+                if drafter is not None:
+                    drafter.plain_step_ends()
                 nxt = sampler.sample(self.ctx.logits_view(0), history[-sampler.history_len:] if sampler.history_len else ())
                 rec.round_ends(0, 0, bonus, [], nxt, n_past, n_past + 1)
                 n_past, emitted, bonus = n_past + 1, [nxt], nxt
                 continue
 
             # ---- draft, after reading the rows of the plain steps before (the catch-up)
-            capture.set(True)
             rec.mark("host")
-            if drafter.n_pending:
-                drafter.flush_pending(n_past)
+            if drafter.catch_up(n_past):
                 rec.mark("catchup")
             drafts = drafter.draft(bonus, depth)
             rec.mark("draft")
@@ -539,20 +524,6 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _Capture:
-    """Whether the target captures the drafter's layers; switched only when it changes (a switch
-    costs the next decode a graph rebuild)."""
-
-    def __init__(self, engine: Engine, on: bool) -> None:
-        self.engine, self.on = engine, on
-        engine._set_capture(on)
-
-    def set(self, on: bool) -> None:
-        if on != self.on:
-            self.engine._set_capture(on)
-            self.on = on
 
 
 class _Recorder:

@@ -22,7 +22,7 @@ import numpy as np
 
 import llama_cpp.llama_cpp as ll
 
-from convert.gguf_rules import checked_header
+from ..convert.gguf_rules import checked_header
 
 from . import bindings
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from convert.errors import UserError
+from ..convert.errors import UserError
 
 ALL_LAYERS = 999
 DEVICES = ("auto", "cpu", "cuda")

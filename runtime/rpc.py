@@ -25,7 +25,7 @@ import threading
 from dataclasses import dataclass
 from functools import cache
 
-from convert.errors import UserError
+from ..convert.errors import UserError
 
 from .llama import LlamaError
 

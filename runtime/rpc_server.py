@@ -21,7 +21,7 @@ from typing import Annotated
 
 import typer
 
-from convert.errors import USER_ERROR_EXIT, UserError
+from ..convert.errors import USER_ERROR_EXIT, UserError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 BATCH_SIZES = (2, 3, 5, 8, 9, 16)
 
 
 def measure(model, kv_type: str, flash_attn: bool, prompt: list[int], steps: int) -> dict:
-    from runtime.llama import Context, ContextParams
+    from laguna_dflash.runtime.llama import Context, ContextParams
 
     params = ContextParams(n_ctx=1024, n_batch=512, n_ubatch=512, kv_type=kv_type, flash_attn=flash_attn)
     out = {k: {"max_abs_diff": 0.0, "argmax_flips": 0} for k in BATCH_SIZES}
@@ -62,9 +61,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
-    from runtime import assets
-    from runtime.llama import Model
-    from runtime.placement import resolve
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.llama import Model
+    from laguna_dflash.runtime.placement import resolve
 
     placement = resolve(args.device)
     results = []

@@ -34,10 +34,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from scripts.recorded import command_line  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 
 def degraded_drafter(mix: float, seed: int = 0) -> Path:
@@ -46,9 +44,9 @@ def degraded_drafter(mix: float, seed: int = 0) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from convert import converter
-    from convert.target import read_target
-    from runtime import assets
+    from laguna_dflash.convert import converter
+    from laguna_dflash.convert.target import read_target
+    from laguna_dflash.runtime import assets
 
     out = (assets.cache_dir() / "demo"
            / f"Laguna-Tiny-DFlash-degraded{mix:g}-s{seed}-q8_0-{assets.tiny_drafter_digest()}.gguf")
@@ -75,9 +73,9 @@ def degraded_drafter(mix: float, seed: int = 0) -> Path:
 
 
 def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, repeats: int, progress, task) -> dict:
-    from runtime.engine import GenerateOptions
-    from runtime.replay import GOOD_FRACTION, choice_quality, ratio_over_repeats, repeat_interval, settle_round
-    from runtime.tuner import AutoDepth
+    from laguna_dflash.runtime.engine import GenerateOptions
+    from tuning.replay import GOOD_FRACTION, choice_quality, ratio_over_repeats, repeat_interval, settle_round
+    from laguna_dflash.runtime.tuner import AutoDepth
 
     rounds, accepted = defaultdict(int), defaultdict(int)
     per_prompt = defaultdict(list)  # (depth, prompt index) -> [(tokens, seconds) per repeat]
@@ -250,10 +248,10 @@ def main(argv=None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig
-    from runtime.llama import Model
-    from runtime.placement import resolve
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
+    from laguna_dflash.runtime.llama import Model
+    from laguna_dflash.runtime.placement import resolve
 
     placement = resolve(args.device)
 

@@ -18,10 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from scripts.recorded import command_line  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 FIXED = (0, 1, 2, 3, 4, 5, 6, 8, 15)  # the fixed depths bench_autotune.py interleaves
 
@@ -29,8 +27,8 @@ FIXED = (0, 1, 2, 3, 4, 5, 6, 8, 15)  # the fixed depths bench_autotune.py inter
 def measure(engine, prompts: list[str], n_predict: int, interleaved: bool) -> dict:
     """One fresh tuner over the prompts; with ``interleaved`` every fixed depth runs first on
     each prompt, as in bench_autotune.py. Every run pays for the same trace callback."""
-    from runtime.engine import GenerateOptions
-    from runtime.tuner import AutoDepth
+    from laguna_dflash.runtime.engine import GenerateOptions
+    from laguna_dflash.runtime.tuner import AutoDepth
 
     tuner = AutoDepth(engine.drafter.spec.max_draft, window=engine.drafter.spec.sliding_window)
     t_policy = t_total = 0.0
@@ -58,9 +56,9 @@ def main(argv=None) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
-    from runtime.llama import Model
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.llama import Model
 
     prompts = assets.read_prompts(assets.CODE_PROMPTS)
     runs: dict[str, list[dict]] = {"auto alone": [], "interleaved": []}

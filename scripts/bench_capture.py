@@ -24,15 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def engine_plain(placement, prompt: list[int], n: int) -> dict[str, float]:
     """Seconds per generated token of the engine's plain decoding, without and with a drafter
     loaded (the best of three generations each, interleaved)."""
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
-    from runtime.llama import Model
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.llama import Model
 
     cfg = EngineConfig(n_ctx=len(prompt) + n + 64, n_gpu_layers_draft=placement.n_gpu_layers_draft)
     best = {"no drafter": float("inf"), "drafter loaded": float("inf")}
@@ -52,10 +51,10 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
-    from runtime import assets
-    from runtime.llama import Context, ContextParams, Model
-    from runtime.pair import read_drafter
-    from runtime.placement import resolve
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.llama import Context, ContextParams, Model
+    from laguna_dflash.runtime.pair import read_drafter
+    from laguna_dflash.runtime.placement import resolve
 
     placement = resolve(args.device)
     slots = read_drafter(assets.converted_tiny_drafter()).capture_slots

@@ -2,7 +2,7 @@
 """How many rows a drafter needs back after a stretch of plain decoding (the capture horizon).
 
 When `--n-max auto` promises a stretch of plain steps, only the last ``capture_horizon`` of
-them read their rows from the target for the drafter (``runtime.tuner.CATCHUP_ROWS``); the
+them read their rows from the target for the drafter (``laguna_dflash.runtime.drafter.CATCHUP_ROWS``); the
 drafter's context before the next draft is then those rows alone. Two measurements on the
 bundled laguna-tiny pair, greedy:
 
@@ -27,11 +27,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from runtime.tuner import DepthPolicy  # noqa: E402
-from scripts.recorded import command_line  # noqa: E402
+from laguna_dflash.runtime.tuner import DepthPolicy  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 
 class StretchThenVisit(DepthPolicy):
@@ -59,11 +57,11 @@ class StretchThenVisit(DepthPolicy):
 
 
 def acceptance_by_rows(engine, prompts: list[str], rows: list[int], args) -> dict[str, float]:
-    from runtime.engine import GenerateOptions
+    from laguna_dflash.runtime.engine import GenerateOptions
 
     out, outputs = {}, {}
     for n_rows in rows:
-        engine.capture_horizon = n_rows
+        engine.drafter.capture_horizon = n_rows
         accepted, texts = [], []
         for p in prompts:
             policy = StretchThenVisit(args.stretch, args.visit, args.depth)
@@ -79,8 +77,9 @@ def acceptance_by_rows(engine, prompts: list[str], rows: list[int], args) -> dic
 
 
 def ab(target, drafter, prompts: list[str], window: int, repeats: int) -> dict[str, float]:
-    from runtime.engine import Engine, GenerateOptions
-    from runtime.tuner import CATCHUP_ROWS, AutoDepth
+    from laguna_dflash.runtime.engine import Engine, GenerateOptions
+    from laguna_dflash.runtime.drafter import CATCHUP_ROWS
+    from laguna_dflash.runtime.tuner import AutoDepth
 
     horizons = {f"auto, horizon {CATCHUP_ROWS}": CATCHUP_ROWS, f"auto, horizon {window}": window}
     tokens, seconds = defaultdict(int), defaultdict(float)
@@ -90,7 +89,7 @@ def ab(target, drafter, prompts: list[str], window: int, repeats: int) -> dict[s
             tuners = {name: AutoDepth(engine.drafter.spec.max_draft, window=window) for name in horizons}
             for p in prompts:
                 for name in ["plain", *horizons]:
-                    engine.capture_horizon = horizons.get(name, CATCHUP_ROWS)
+                    engine.drafter.capture_horizon = horizons.get(name, CATCHUP_ROWS)
                     s = engine.generate(p, GenerateOptions(n_predict=96, n_max=tuners.get(name, 0))).stats
                     tokens[name] += s.n_generated
                     seconds[name] += s.t_total
@@ -113,9 +112,9 @@ def main(argv=None) -> int:
 
     from rich.console import Console
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig
-    from scripts.bench_autotune import degraded_drafter
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
+    from bench_autotune import degraded_drafter
 
     console = Console()
     rows = [int(r) for r in args.rows.split(",")]

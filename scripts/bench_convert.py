@@ -27,9 +27,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from convert.synthetic import XS_2_1, write_drafter, write_target_gguf  # noqa: E402
+from laguna_dflash.convert.synthetic import XS_2_1, write_drafter, write_target_gguf  # noqa: E402
 
 LIMIT_SECONDS = 60.0
 LIMIT_RSS_BYTES = 1.5e9
@@ -56,7 +55,7 @@ def main() -> int:
         print(f"generated {drafter} ({ckpt / 1e9:.2f} GB) and {target} in {time.perf_counter() - t0:.1f} s",
               flush=True)
 
-        cmd = [sys.executable, "-m", "convert.cli", "convert", str(drafter), "--target", str(target),
+        cmd = [sys.executable, "-m", "laguna_dflash.convert.cli", "convert", str(drafter), "--target", str(target),
                "-o", str(out), "--outtype", args.outtype]
         print("running:", " ".join(cmd), flush=True)
         t0 = time.perf_counter()

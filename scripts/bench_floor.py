@@ -22,11 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from scripts.check_ik_interop import vendored_bin_dir  # noqa: E402
-from scripts.recorded import command_line  # noqa: E402
+from check_ik_interop import vendored_bin_dir  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 
 def llama_bench(bin_dir: Path, target: Path, n: int, depth: int, threads: int, extra: list[str]) -> float:
@@ -51,8 +49,8 @@ def main(argv=None) -> int:
     if bin_dir is None:
         print("bench_floor: the vendored llama-bench is not built (scripts/build_peer.sh vendored); skipped")
         return 0
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     target, drafter = assets.default_pair(None)
     engine = Engine.load(target, drafter, EngineConfig(n_threads=args.threads))

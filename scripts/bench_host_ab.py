@@ -25,8 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 
 def load_runtime(root: Path, name: str):
@@ -55,8 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
-    import runtime.engine as eng_b
-    from runtime import assets
+    import laguna_dflash.runtime.engine as eng_b
+    from laguna_dflash.runtime import assets
 
     target, drafter = assets.default_pair(args.model_draft) if args.model is None else (args.model, args.model_draft)
     eng_a = load_runtime(args.a.resolve(), "runtime_a") if args.a else eng_b

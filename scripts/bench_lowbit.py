@@ -8,7 +8,7 @@
 **Tiny pair** (the bundled laguna-tiny target and its drafter, converted here with
 ``laguna-gguf convert --outtype T`` for T in q8_0 and the 4-6-bit types): one process, one target
 model, one engine per drafter. A repetition runs every prompt (the first ``--prompts`` of
-``scripts/prompts/code.txt``) under every configuration (plain decoding, and each drafter at each
+``runtime/assets/prompts/code.txt``) under every configuration (plain decoding, and each drafter at each
 ``--depths``), the configurations in a fresh random order for each prompt. Greedy decoding.
 
 **XS 2.1 widths** (random weights; acceptance cannot be measured there): the cost-model harness's
@@ -50,15 +50,12 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from convert.quantize import OutType  # noqa: E402
-from scripts.recorded import command_line  # noqa: E402
+from laguna_dflash.convert.quantize import OutType  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -89,8 +86,8 @@ def tensor_types(path: Path) -> dict[str, str]:
 def convert_all(source: Path, target: Path, work: Path, tag: str, reuse: bool = False) -> dict[OutType, dict]:
     """``source`` converted to every type of TYPES with the CLI's code path; size, types, seconds
     (None for a file of an earlier run, kept when ``reuse``)."""
-    from convert.converter import convert
-    from convert.target import read_target
+    from laguna_dflash.convert.converter import convert
+    from laguna_dflash.convert.target import read_target
 
     tgt = read_target(target)
     out = {}
@@ -111,9 +108,9 @@ def convert_all(source: Path, target: Path, work: Path, tag: str, reuse: bool = 
 # ----------------------------------------------------------------------------- tiny pair
 
 def run_tiny(args, work: Path) -> dict:
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
-    from runtime.llama import Model
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.llama import Model
 
     console.print("[bold]tiny pair[/]: converting the bundled drafter")
     files = convert_all(assets.TINY_DRAFTER_HF, assets.TINY_TARGET, work, "tiny")
@@ -217,11 +214,11 @@ def light_host(cm, work: Path, seed: int) -> Path:
 
 
 def run_xs(args, work: Path) -> dict:
-    import bench_cost_model as cm
+    from tuning import cost_model as cm
 
-    from convert.synthetic import XS_2_1, write_drafter
-    from runtime.drafter import Drafter
-    from runtime.llama import Context, ContextParams, Model
+    from laguna_dflash.convert.synthetic import XS_2_1, write_drafter
+    from laguna_dflash.runtime.drafter import Drafter
+    from laguna_dflash.runtime.llama import Context, ContextParams, Model
 
     xs_dir = work / f"xs-seed{args.seed}"
     xs_dir.mkdir(parents=True, exist_ok=True)
@@ -471,7 +468,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", type=Path, default=None, help="converted files (default: $LAGUNA_DFLASH_CACHE/lowbit)")
     ap.add_argument("--repeats", type=int, default=5, help="tiny: interleaved repetitions")
-    ap.add_argument("--prompts", type=int, default=6, help="tiny: the first N prompts of scripts/prompts/code.txt")
+    ap.add_argument("--prompts", type=int, default=6, help="tiny: the first N prompts of runtime/assets/prompts/code.txt")
     ap.add_argument("--n-predict", type=int, default=64, help="tiny: tokens per generation")
     ap.add_argument("--depths", type=depth_list, default=(1, 2, 4, 8), help="tiny: draft depths")
     ap.add_argument("--xs-repeats", type=int, default=9, help="XS: timed repeats of every item")

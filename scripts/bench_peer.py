@@ -5,7 +5,7 @@
     python scripts/bench_peer.py --json docs/peer.json --png docs/peer.png
 
 On the bundled laguna-tiny pair (the drafter converted by ``laguna-gguf convert``), the first
-``--prompts`` code prompts of scripts/prompts/code.txt, ``-n`` greedy tokens each, ``-t``
+``--prompts`` code prompts of runtime/assets/prompts/code.txt, ``-n`` greedy tokens each, ``-t``
 threads everywhere:
 
 - laguna-run: plain decoding (n_max 0, drafter loaded), each ``--depths`` and ``auto``, in this
@@ -38,12 +38,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from scripts.check_ik_interop import (  # noqa: E402
+from check_ik_interop import (  # noqa: E402
     IkFailed, ik_bin_dir, ik_command, ik_named_copy, legacy_norm_tensors, peer_root, run_ik, vendored_bin_dir)
-from scripts.recorded import command_line  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 OURS, IK, FLOOR = "laguna-run", "ik_llama.cpp", "llama.cpp C++ (vendored)"
 WARMUP_TOKENS = 8
@@ -112,7 +110,7 @@ def plot(result: dict, png: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repetitions", type=int, default=5, help="interleaved repetitions (>= 5 for a result)")
-    ap.add_argument("--prompts", type=int, default=5, help="how many of scripts/prompts/code.txt's prompts")
+    ap.add_argument("--prompts", type=int, default=5, help="how many of runtime/assets/prompts/code.txt's prompts")
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--depths", default="1,2,4,8", help="draft depths besides plain decoding (laguna-run also runs auto)")
@@ -138,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     target = assets.TINY_TARGET
     drafter = args.drafter or assets.converted_tiny_drafter()

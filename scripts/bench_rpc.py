@@ -28,20 +28,16 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
-from scripts.delay_proxy import DelayProxy  # noqa: E402
-from scripts.recorded import command_line  # noqa: E402
+from delay_proxy import DelayProxy
+from recorded import command_line
 
 
 def start_server(port: int, threads: int) -> subprocess.Popen:
-    from runtime import rpc
+    from laguna_dflash.runtime import rpc
 
     script = Path(sys.executable).parent / "laguna-rpc-server"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "runtime.rpc_server"]
-    proc = subprocess.Popen([*cmd, "--port", str(port), "--threads", str(threads)], cwd=REPO,
+    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "laguna_dflash.runtime.rpc_server"]
+    proc = subprocess.Popen([*cmd, "--port", str(port), "--threads", str(threads)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while True:
@@ -82,8 +78,8 @@ def main() -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     console = Console(stderr=True)
     latencies = [float(x) for x in args.latencies.split(",")]

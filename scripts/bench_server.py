@@ -38,9 +38,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from scripts.recorded import command_line  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 # Laguna-style turns for the bundled target, whose GGUF carries no chat template
 TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
@@ -51,7 +50,7 @@ class ServeProcess:
     """``laguna-run serve`` in a subprocess on an ephemeral port."""
 
     def __init__(self, *flags: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--port", "0", *flags],
+        self.proc = subprocess.Popen([sys.executable, "-m", "laguna_dflash.runtime.cli", "serve", "--port", "0", *flags],
                                      stderr=subprocess.PIPE, text=True, cwd=REPO)
         lines: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: [lines.put(ln) for ln in self.proc.stderr], daemon=True).start()
@@ -87,8 +86,8 @@ class ServeProcess:
 def overhead(args, prompts, flags) -> dict:
     import httpx
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     engine = Engine.load(assets.TINY_TARGET, assets.converted_tiny_drafter(),
                          EngineConfig(n_ctx=args.ctx, n_threads=args.threads, prompt_cache=False))
@@ -219,7 +218,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    from runtime import assets
+    from laguna_dflash.runtime import assets
 
     code = assets.read_prompts(assets.CODE_PROMPTS)
     tmp = Path(tempfile.mkdtemp())

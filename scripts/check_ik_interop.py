@@ -34,8 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 LEGACY_NORM = re.compile(r"^blk\.(\d+)\.ffn_norm\.weight$")
 IK_NORM = "blk.{}.post_attention_norm.weight"
@@ -44,7 +42,7 @@ IK_ERROR = re.compile(r"error|failed|not found|wrong number|unknown|invalid|refu
 
 
 def peer_root() -> Path:
-    from runtime import assets
+    from laguna_dflash.runtime import assets
 
     return Path(os.environ.get("PEER_DIR", assets.cache_dir() / "peer"))
 
@@ -76,7 +74,7 @@ def renamed_copy(src: Path, out: Path, rename: Callable[[str], str]) -> Path:
     import gguf
     import numpy as np
 
-    from convert.target import field_kv
+    from laguna_dflash.convert.target import field_kv
 
     reader = gguf.GGUFReader(str(src), "r")
     arch = field_kv(reader, "general.architecture").value
@@ -226,7 +224,7 @@ def ik_tail_depth(depth: int, n_predict: int):
     engines' counts compare round for round: ik drafts at most (tokens left) - 2 per round, where
     the first round's tokens left include the token it samples before drafting, and it stops
     drafting when fewer than 3 tokens are left. laguna-run drafts up to (tokens left) - 1."""
-    from runtime.tuner import DepthPolicy
+    from laguna_dflash.runtime.tuner import DepthPolicy
 
     class IkTailDepth(DepthPolicy):
         def __init__(self) -> None:
@@ -249,7 +247,7 @@ def run_ours(target: Path, drafter: Path, n_max: int, prompts: list[str], n_pred
              ik_tail: bool = True) -> list[Ours]:
     """laguna-run's engine on each prompt at depth ``n_max``; ``ik_tail``: end each generation
     with ik's budget rule (:func:`ik_tail_depth`) instead of laguna-run's own."""
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     out = []
     with Engine.load(target, drafter, EngineConfig(n_threads=threads)) as engine:
@@ -288,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n-max", type=int, default=4)
     ap.add_argument("-n", "--n-predict", type=int, default=64)
-    ap.add_argument("--prompts", type=int, default=3, help="how many of scripts/prompts/code.txt's prompts")
+    ap.add_argument("--prompts", type=int, default=3, help="how many of runtime/assets/prompts/code.txt's prompts")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--drafter", type=Path, help="drafter GGUF (default: the bundled one, converted by laguna-gguf convert)")
     ap.add_argument("--rename-ffn-norm", action="store_true",
@@ -299,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from runtime import assets
+    from laguna_dflash.runtime import assets
 
     console = Console(width=max(Console().width, 150))
     bin_dir = ik_bin_dir()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The demo's last line: speculative and plain decoding of the same prompt, measured in this run.
 
-    .venv/bin/python scripts/demo_summary.py -f scripts/prompts/demo.py -n 200 --n-max 4 [-t 2]
+    .venv/bin/python scripts/demo_summary.py -f runtime/assets/prompts/demo.py -n 200 --n-max 4 [-t 2]
 
 One engine (the bundled pair), a short warm-up of each, then plain and speculative decoding
 alternately, ``--repeats`` times each (the median of each is reported, so a busy moment of the
@@ -16,7 +16,6 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def summary_line(spec_tps: float, plain_tps: float, n_max, n_tokens: int, first_diff: int | None) -> str:
@@ -37,8 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     args, _ = ap.parse_known_args(argv)  # the demo passes laguna-run's extra flags along; only -t matters here
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     n_max = args.n_max if args.n_max == "auto" else int(args.n_max)
     target, drafter = assets.default_pair(None)

@@ -20,9 +20,9 @@ tar -C "$tmp" -cJf "$out/llama_cpp_cuda.tar.xz" llama_cpp
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d "$out" \
     "gguf==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("gguf"))')" "diskcache>=5.6.1"
 echo "$(basename "$wheel")" > "$out/WHEEL"
-fixture=$(.venv/bin/python -c "
-import sys; sys.path[:0] = ['scripts', 'tests']
-import conftest, tiny_target as gen
+fixture=$(PYTHONPATH=scripts:tests .venv/bin/python -c "
+import conftest
+from training import tiny_target as gen
 out = conftest.fixture_cache() / f'tiny-target-{gen.generator_fingerprint()}'
 if not (out / 'fingerprint').exists():
     gen.build_all(out)

@@ -28,7 +28,9 @@ site=/tmp/laguna-dflash-site
 rm -rf "$site" && mkdir -p "$site"
 tar -C "$site" -xJf "$bundle/llama_cpp_cuda.tar.xz" || exit 1
 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$bundle"/*.whl || exit 1
-export PYTHONPATH="$site:$PWD"
+# the package as it installs (laguna_dflash.convert, laguna_dflash.runtime), from this tree
+mkdir -p "$site/laguna_dflash" && ln -s "$PWD/convert" "$site/laguna_dflash/convert" && ln -s "$PWD/runtime" "$site/laguna_dflash/runtime"
+export PYTHONPATH="$site:$PWD/scripts:$PWD/tests"
 # the tiny target fixture: it is made with llama.cpp's converter from the sdist, which that
 # machine cannot fetch
 mkdir -p "$LAGUNA_DFLASH_CACHE/fixtures"
@@ -73,8 +75,8 @@ stage() {  # stage NAME SECONDS COMMAND...: run with a time limit, log to $out/N
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$out/gpu.txt"
 stage load 60 "$py" -c "
-import runtime.bindings as b; b.lib()
-from runtime.placement import gpu_available
+import laguna_dflash.runtime.bindings as b; b.lib()
+from laguna_dflash.runtime.placement import gpu_available
 import llama_cpp; print('llama_cpp', llama_cpp.__version__, 'gpu', gpu_available())
 assert gpu_available(), 'the CUDA build sees no GPU'" || exit 1
 stage cuda 150 "$py" -m pytest -q -s -rA -p no:cacheprovider tests/test_cuda.py
@@ -82,9 +84,8 @@ stage offload 45 "$py" - <<'EOF'
 import os, sys
 from pathlib import Path
 import numpy as np
-sys.path.insert(0, "scripts")
-import tiny_target as gen
-from runtime.llama import Context, ContextParams, Model
+from training import tiny_target as gen
+from laguna_dflash.runtime.llama import Context, ContextParams, Model
 out = Path(os.environ["LAGUNA_DFLASH_CACHE"]) / "fixtures" / f"tiny-target-{gen.generator_fingerprint()}"
 if not (out / "fingerprint").exists():
     gen.build_all(out)
@@ -105,8 +106,8 @@ stage invariance 90 "$py" scripts/batch_invariance.py --device cuda --model runt
     --model "$(ls -d "$LAGUNA_DFLASH_CACHE"/fixtures/tiny-target-*/tiny-laguna-f32.gguf | head -n 1)" --json "$out/invariance-cuda.json"
 stage capture 30 "$py" scripts/bench_capture.py --device cuda --json "$out/capture-cuda.json"
 stage suite 200 "$py" -m pytest -q -p no:cacheprovider tests
-stage sweep 120 "$py" -m runtime.cli bench --sweep --device cuda -n 64 --json "$out/sweep-cuda.json" --png "$out/sweep-cuda.png"
-stage record 150 "$py" scripts/record_acceptance.py --device cuda --lengths-from runtime/assets/laguna-tiny/replay.json \
+stage sweep 120 "$py" -m laguna_dflash.runtime.cli bench --sweep --device cuda -n 64 --json "$out/sweep-cuda.json" --png "$out/sweep-cuda.png"
+stage record 150 "$py" scripts/record_acceptance.py --device cuda --lengths-from scripts/tuning/recordings/replay.json \
     --out "$out/replay-cuda.json"
 stage autotune 150 "$py" scripts/bench_autotune.py --device cuda --workloads code,degraded --repeats 1 ${AUTOTUNE_ARGS:-} \
     --json "$out/autotune-cuda.json" --png "$out/autotune-cuda.png"

@@ -27,7 +27,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 class Timers:
@@ -67,10 +66,10 @@ class Timers:
 def instrument(engine, timers: Timers, decode_only: bool = False) -> None:
     import llama_cpp.llama_cpp as ll
 
-    import runtime.drafter as rdrafter
-    import runtime.engine as rengine
-    import runtime.llama as rllama
-    import runtime.sampling as rsampling
+    import laguna_dflash.runtime.drafter as rdrafter
+    import laguna_dflash.runtime.engine as rengine
+    import laguna_dflash.runtime.llama as rllama
+    import laguna_dflash.runtime.sampling as rsampling
 
     t = timers
     # C calls first (module attributes the runtime looks up at call time)
@@ -126,7 +125,7 @@ def instrument(engine, timers: Timers, decode_only: bool = False) -> None:
             setattr(S, name, t.wrap(f"Sampler.{name}", S.__dict__[name]))
     E = rengine.Engine
     E._stop_check = t.wrap("Engine._stop_check", E._stop_check)
-    import runtime.tuner as rtuner
+    import laguna_dflash.runtime.tuner as rtuner
 
     for cls in (rtuner.FixedDepth, rtuner.AutoDepth):
         for name in ("choose", "observe", "plain_rounds_ahead", "decision"):
@@ -142,7 +141,7 @@ def n_reused(ctx) -> int:
 
 
 def profile(engine, prompts, depth, n_predict, timers: Timers, repeats: int) -> dict:
-    from runtime.engine import GenerateOptions
+    from laguna_dflash.runtime.engine import GenerateOptions
 
     engine.generate(prompts[0], GenerateOptions(n_predict=8, n_max=depth))  # warm-up
     timers.reset()
@@ -215,8 +214,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
 
     target, drafter = assets.default_pair(args.model_draft) if args.model is None else (args.model, args.model_draft)
     n_ctx = max(4096, args.long + args.n_predict + 64)

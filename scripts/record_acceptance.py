@@ -1,13 +1,13 @@
 """Record what a depth tuner faces on the laguna-tiny pair, so tuners can be replayed offline.
 
-    python scripts/record_acceptance.py --out runtime/assets/laguna-tiny/replay.json
-    python scripts/record_acceptance.py --device cuda --lengths-from runtime/assets/laguna-tiny/replay.json \
+    python scripts/record_acceptance.py --out scripts/tuning/recordings/replay.json
+    python scripts/record_acceptance.py --device cuda --lengths-from scripts/tuning/recordings/replay.json \
         --out replay-cuda.json     # another clock (here a GPU's) for the same content
 
 Live benchmarks of ``--n-max auto`` on this 2-core machine move by 2-4% between runs, the size
 of the margins being tuned. A replay removes that noise: the drafter's acceptance is a property
 of the content, not of the clock, so it is recorded once, position by position, and the clock is
-recorded once as a cost table. ``runtime/replay.py`` then plays any depth policy against both.
+recorded once as a cost table. ``scripts/tuning/replay.py`` then plays any depth policy against both.
 
 - **Match lengths**: for every prompt of a workload and every position t of its greedy output,
   how many of the drafter's 15 proposals from t agree with the target's greedy continuation
@@ -33,11 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from runtime.tuner import DepthPolicy  # noqa: E402
-from scripts.recorded import command_line  # noqa: E402
+from laguna_dflash.runtime.tuner import DepthPolicy  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 
 class Scripted(DepthPolicy):
@@ -58,13 +56,13 @@ class Scripted(DepthPolicy):
 
 def match_lengths(engine, prompt: str, n_predict: int) -> list[int]:
     """L_t for t = 0 .. n_predict - 2: drafts from position t that agree with greedy decoding."""
-    from runtime.engine import GenerateOptions
+    from laguna_dflash.runtime.engine import GenerateOptions
 
     greedy = engine.generate(prompt, GenerateOptions(n_predict=n_predict, n_max=0)).tokens
     prompt_tokens = engine.tokenize(prompt)
     rows = prompt_tokens + greedy[:-1]  # the last token is never context for a draft
     engine.reset()
-    engine._set_capture(True)
+    engine.drafter.set_capture(True)
     drafter, ctx = engine.drafter, engine.ctx
     feats = []
     for i0 in range(0, len(rows), ctx.n_batch):
@@ -89,7 +87,7 @@ def match_lengths(engine, prompt: str, n_predict: int) -> list[int]:
 def round_times(engine, prompts: list[str], schedule: list[int], n_predict: int, ahead: int = 0) -> list[list[tuple]]:
     """Per prompt, (depth, accepted, t_round, t_catchup) of each round of ``schedule``; plain
     steps read their rows for the drafter unless ``ahead`` promises a stretch past its window."""
-    from runtime.engine import GenerateOptions
+    from laguna_dflash.runtime.engine import GenerateOptions
 
     logs = []
     for p in prompts:
@@ -189,11 +187,11 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runtime import assets
-    from runtime.engine import Engine, EngineConfig
-    from runtime.llama import Model
-    from runtime.placement import resolve
-    from scripts.bench_autotune import degraded_drafter
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
+    from laguna_dflash.runtime.llama import Model
+    from laguna_dflash.runtime.placement import resolve
+    from bench_autotune import degraded_drafter
 
     placement = resolve(args.device)
     config = EngineConfig(n_ctx=2048, n_gpu_layers_draft=placement.n_gpu_layers_draft)

@@ -1,6 +1,6 @@
 """Judge `--n-max auto` offline: replay it on the recorded laguna-tiny pair, many times.
 
-    python scripts/replay_autotune.py --recording runtime/assets/laguna-tiny/replay.json --seeds 20
+    python scripts/replay_autotune.py --recording scripts/tuning/recordings/replay.json --seeds 20
 
 For each workload of the recording and each seed (seed 0: the prompt files' order; others: a
 shuffled order, and every seed its own draw of the clock's noise, the same for every policy), a fresh tuner generates the
@@ -22,14 +22,12 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from scripts.recorded import command_line  # noqa: E402
+from recorded import command_line
+from tuning.replay import RECORDED
 
 
 def summary(make_policy, rec, prompts: list[list[int]], seeds: int) -> dict:
-    from runtime.replay import SETTLE_ROUNDS, judge
+    from tuning.replay import SETTLE_ROUNDS, judge
 
     j = judge(make_policy, rec, prompts, seeds)
     ratios, vs_plain, quality, settles = j.vs_best_fixed, j.vs_plain, j.choice_quality, j.settle_round
@@ -42,7 +40,7 @@ def summary(make_policy, rec, prompts: list[list[int]], seeds: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--recording", type=Path, default=REPO / "runtime/assets/laguna-tiny/replay.json")
+    ap.add_argument("--recording", type=Path, default=RECORDED / "replay.json")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--workloads", default="")
     ap.add_argument("--stream", default="code,table,prose",
@@ -53,8 +51,8 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from runtime.replay import Recording
-    from runtime.tuner import AutoDepth
+    from tuning.replay import Recording
+    from laguna_dflash.runtime.tuner import AutoDepth
 
     names = args.workloads.split(",") if args.workloads else list(Recording.load(args.recording).workloads)
     t = Table(title=f"--n-max auto replayed ({args.seeds} seeds per workload)", title_justify="left")
@@ -74,7 +72,7 @@ def main(argv=None) -> int:
     result = {"command": command_line(__file__, argv),
               "workloads": out}
     if args.stream:
-        from runtime.replay import judge_stream
+        from tuning.replay import judge_stream
 
         segments = args.stream.split(",")
         stream = judge_stream(AutoDepth, {n: Recording.load(args.recording, costs_of=n) for n in segments}, args.seeds)

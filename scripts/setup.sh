@@ -27,4 +27,4 @@ if [[ $want_test == 1 ]]; then
 else
     quiet "$VPY" -m pip install -q -e ".[upload,plot]"
 fi
-"$VPY" -c "import runtime.bindings as b; b.lib(); print('[setup] patched llama-cpp-python OK')"
+"$VPY" -c "import laguna_dflash.runtime.bindings as b; b.lib(); print('[setup] patched llama-cpp-python OK')"

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
-sys.path.insert(0, str(REPO / "tests"))
-
 
 def fixture_cache() -> Path:
     root = Path(os.environ.get("LAGUNA_DFLASH_CACHE", Path.home() / ".cache" / "laguna-dflash"))
@@ -21,7 +15,7 @@ def fixture_cache() -> Path:
 @pytest.fixture(scope="session")
 def tiny_target() -> dict[str, Path]:
     """HF dir, F32 GGUF and transformers reference outputs of the tiny Laguna target."""
-    import tiny_target as gen
+    from training import tiny_target as gen
 
     out = fixture_cache() / f"tiny-target-{gen.generator_fingerprint()}"
     if not (out / "fingerprint").exists():

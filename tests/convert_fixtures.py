@@ -11,8 +11,9 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from typer.testing import CliRunner
 
-from convert.cli import app
-from convert.synthetic import TINY_S, TINY_XS, write_target_gguf
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.cli import app
+from laguna_dflash.convert.synthetic import TINY_S, TINY_XS, write_target_gguf
 
 U32, I32, F32, BOOL, STR, ARR = (GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.FLOAT32,
                                  GGUFValueType.BOOL, GGUFValueType.STRING, GGUFValueType.ARRAY)
@@ -28,29 +29,29 @@ LAYOUT_KEYS: dict[str, tuple[GGUFValueType, ...]] = {
     "general.basename": (STR,),
     "general.file_type": (U32,),
     "general.quantization_version": (U32,),
-    "dflash-draft.vocab_size": (U32,),
-    "dflash-draft.context_length": (U32,),
-    "dflash-draft.embedding_length": (U32,),
-    "dflash-draft.feed_forward_length": (U32,),
-    "dflash-draft.block_count": (U32,),
-    "dflash-draft.attention.head_count": (U32,),
-    "dflash-draft.attention.head_count_kv": (U32,),
-    "dflash-draft.attention.key_length": (U32,),
-    "dflash-draft.attention.value_length": (U32,),
-    "dflash-draft.attention.layer_norm_rms_epsilon": (F32,),
-    "dflash-draft.attention.causal": (BOOL,),
-    "dflash-draft.attention.sliding_window": (U32,),
-    "dflash-draft.attention.sliding_window_pattern": (ARR, BOOL),
-    "dflash-draft.rope.freq_base": (F32,),
-    "dflash-draft.rope.dimension_count": (U32,),
-    "dflash-draft.dflash.laguna": (BOOL,),
-    "dflash-draft.dflash.block_size": (U32,),
-    "dflash-draft.dflash.mask_token_id": (U32,),
-    "dflash-draft.dflash.target_layer_ids": (ARR, I32),
-    "dflash-draft.dflash.n_target_features": (U32,),
-    "dflash-draft.dflash.gating": (STR,),
-    "dflash-draft.dflash.target_name": (STR,),
-    "dflash-draft.dflash.target_n_layer": (U32,),
+    K.VOCAB_SIZE: (U32,),
+    K.CONTEXT_LENGTH: (U32,),
+    K.EMBEDDING_LENGTH: (U32,),
+    K.FEED_FORWARD_LENGTH: (U32,),
+    K.BLOCK_COUNT: (U32,),
+    K.HEAD_COUNT: (U32,),
+    K.HEAD_COUNT_KV: (U32,),
+    K.KEY_LENGTH: (U32,),
+    K.VALUE_LENGTH: (U32,),
+    K.RMS_EPS: (F32,),
+    K.CAUSAL: (BOOL,),
+    K.SLIDING_WINDOW: (U32,),
+    K.SLIDING_WINDOW_PATTERN: (ARR, BOOL),
+    K.ROPE_FREQ_BASE: (F32,),
+    K.ROPE_DIMENSION_COUNT: (U32,),
+    K.DFLASH_LAGUNA: (BOOL,),
+    K.BLOCK_SIZE: (U32,),
+    K.MASK_TOKEN_ID: (U32,),
+    K.TARGET_LAYER_IDS: (ARR, I32),
+    K.N_TARGET_FEATURES: (U32,),
+    K.GATING: (STR,),
+    K.TARGET_NAME: (STR,),
+    K.TARGET_N_LAYER: (U32,),
 }
 SOURCE_REPO_KEY = "general.source.huggingface.repository"
 

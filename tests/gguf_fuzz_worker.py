@@ -21,10 +21,6 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
-
 from gguf_mutate import Source  # noqa: E402
 
 PROMPT = "def add(a, b):"
@@ -73,7 +69,7 @@ class ReaderMemo:
 
 
 def run_inspect(target: Path, drafter: Path) -> int:
-    from convert.cli import main as gguf_main
+    from laguna_dflash.convert.cli import main as gguf_main
 
     argv = sys.argv
     sys.argv = ["laguna-gguf", "inspect", str(drafter), "--target", str(target)]
@@ -87,9 +83,9 @@ def run_inspect(target: Path, drafter: Path) -> int:
 
 
 def run_engine(target: Path, drafter: Path) -> int:
-    from convert.errors import UserError
-    from runtime.engine import Engine, EngineConfig, GenerateOptions
-    from runtime.llama import LlamaError
+    from laguna_dflash.convert.errors import UserError
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.llama import LlamaError
 
     try:
         engine = Engine.load(target, drafter, EngineConfig(n_ctx=256, n_batch=64, n_ubatch=64, n_threads=1))
@@ -102,7 +98,7 @@ def run_engine(target: Path, drafter: Path) -> int:
 
 
 def run_cli(target: Path, drafter: Path) -> int:
-    from runtime.cli import main as run_main
+    from laguna_dflash.runtime.cli import main as run_main
 
     return run_main(["-m", str(target), "-md", str(drafter), "-p", PROMPT, "-n", "4", "--n-max", "2",
                      "-c", "256", "-b", "64", "-ub", "64", "-t", "1"])

@@ -6,7 +6,7 @@ tensor data appended unchanged (tensor offsets are relative to the data section,
 valid). Used by the fuzz test and the range-check tests.
 
     src = Source.of(path)
-    src.write_value(out, "dflash-draft.attention.layer_norm_rms_epsilon", GGUFValueType.FLOAT32, -1.0)
+    src.write_value(out, key, GGUFValueType.FLOAT32, -1.0)
     src.write_truncated(out, src.data_offset + 100)
 """
 
@@ -39,11 +39,9 @@ FUZZ_VALUES: dict[str, float | int] = {
     "0": 0, "-1": -1, "nan": math.nan, "+inf": math.inf, "-inf": -math.inf, "2^31": 2**31, "2^63": 2**63,
 }
 
-
 def encode_string(s: bytes | str) -> bytes:
     b = s.encode("utf-8") if isinstance(s, str) else s
     return struct.pack("<Q", len(b)) + b
-
 
 def encode_value(vtype: GGUFValueType, value, sub_type: GGUFValueType | None = None) -> bytes:
     """A value's bytes after its type tag (arrays: element type, count, elements)."""
@@ -55,10 +53,8 @@ def encode_value(vtype: GGUFValueType, value, sub_type: GGUFValueType | None = N
         return struct.pack("<IQ", int(sub_type), len(value)) + body
     return struct.pack(SCALAR_FORMATS[vtype], value)
 
-
 def encode_kv(key: str, vtype: GGUFValueType, value, sub_type: GGUFValueType | None = None) -> bytes:
     return encode_string(key) + struct.pack("<I", int(vtype)) + encode_value(vtype, value, sub_type)
-
 
 def holding_type(original: GGUFValueType, value) -> GGUFValueType:
     """``original`` when it can store ``value``; else the GGUF type a writer would pick for it."""
@@ -71,10 +67,8 @@ def holding_type(original: GGUFValueType, value) -> GGUFValueType:
         return original
     return GGUFValueType.INT64 if -(2**63) <= value < 2**63 else GGUFValueType.UINT64
 
-
 def cast(vtype: GGUFValueType, value):
     return float(value) if vtype in FLOATS else int(value)
-
 
 @dataclass(frozen=True)
 class Field:
@@ -84,7 +78,6 @@ class Field:
     type: GGUFValueType
     sub_type: GGUFValueType | None
     value: object  # a scalar, or a list for arrays (strings as bytes)
-
 
 @dataclass
 class Source:

@@ -23,9 +23,11 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import quantize
+
+from laguna_dflash.convert import gguf_keys as K
 from safetensors.torch import load_file
 
-ARCH = "dflash"
+ARCH = K.POOLSIDE_ARCH
 U32, I32, F32, BOOL, STR, ARR = (GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.FLOAT32,
                                  GGUFValueType.BOOL, GGUFValueType.STRING, GGUFValueType.ARRAY)
 #: general.file_type (llama.cpp's LLAMA_FTYPE) of each matrix type.

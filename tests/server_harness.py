@@ -7,9 +7,9 @@ import socket
 import threading
 import time
 
-from runtime.engine import Engine, EngineConfig
-from runtime.llama import Model
-from runtime.server.pool import SlotPool
+from laguna_dflash.runtime.engine import Engine, EngineConfig
+from laguna_dflash.runtime.llama import Model
+from laguna_dflash.runtime.server.pool import SlotPool
 
 #: a Laguna-style template for the bundled target, whose GGUF has none
 TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
@@ -27,7 +27,7 @@ class LiveServer:
     def __init__(self, pool: SlotPool, **settings) -> None:
         import uvicorn
 
-        from runtime.server.app import ServerSettings, create_app
+        from laguna_dflash.runtime.server.app import ServerSettings, create_app
 
         self.pool = pool
         self.settings = ServerSettings(**{"model_id": "laguna-tiny", "chat_template": TEMPLATE,

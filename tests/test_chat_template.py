@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from convert.errors import UserError
-from runtime.chat_template import ChatTemplate, render_chat
-from runtime.cli import main
+from laguna_dflash.convert.errors import UserError
+from laguna_dflash.runtime.chat_template import ChatTemplate, render_chat
+from laguna_dflash.runtime.cli import main
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -131,7 +131,7 @@ def test_laguna_run_chat_syntax_error_exits_2(tmp_path, tiny_target, capsys):
 
 
 def test_laguna_run_chat_renders_the_prompt(tmp_path, tiny_target, capsys):
-    from runtime.llama import Model
+    from laguna_dflash.runtime.llama import Model
 
     template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %} {{ strftime_now('%Y') | length }}"
     assert chat(tmp_path, tiny_target, capsys, template, "--json") == 0

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli import main
-from runtime.sampling import SamplingError, SamplingParams
+from laguna_dflash.runtime.cli import main
+from laguna_dflash.runtime.sampling import SamplingError, SamplingParams
 from test_engine import make_drafter
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_usage_errors_print_usage_and_one_error_line(capsys, args, needle):
 
 
 def test_the_installed_entry_point_prints_no_traceback():
-    proc = subprocess.run([sys.executable, "-m", "runtime.cli", "bench", "--n-predict", "lots"], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "laguna_dflash.runtime.cli", "bench", "--n-predict", "lots"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "error: Invalid value for '-n' / '--n-predict'" in proc.stderr
@@ -174,7 +174,7 @@ def test_prompt_files_must_be_utf8(tmp_path, capsys):
 
 
 def test_a_utf8_prompt_file_with_a_byte_order_mark_reads_as_its_text(tmp_path):
-    from runtime.assets import read_prompt_text
+    from laguna_dflash.runtime.assets import read_prompt_text
 
     f = tmp_path / "p.txt"
     f.write_bytes(b"\xef\xbb\xbfimport os\n\xe2\x82\xac")
@@ -203,7 +203,7 @@ def test_ctrl_c_reports_what_was_done_and_exits_130(pair, tmp_path, json_out):
     target, drafter = pair
     trace = tmp_path / "rounds.jsonl"
     n_predict = 3000  # the random drafter is never accepted: minutes of rounds, never finished here
-    cmd = [sys.executable, "-m", "runtime.cli", "-m", target, "-md", drafter, "-p", "import os",
+    cmd = [sys.executable, "-m", "laguna_dflash.runtime.cli", "-m", target, "-md", drafter, "-p", "import os",
            "-n", str(n_predict), "--n-max", "3", "-t", "2", "--trace", str(trace)] + (["--json"] if json_out else [])
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -232,8 +232,8 @@ def test_ctrl_c_reports_what_was_done_and_exits_130(pair, tmp_path, json_out):
 
 
 def test_an_interrupted_bench_keeps_the_prompts_every_depth_completed(pair):
-    from runtime.bench import run_bench
-    from runtime.engine import Engine, EngineConfig
+    from laguna_dflash.runtime.bench import run_bench
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
 
     target, drafter = pair
     with Engine.load(target, drafter, EngineConfig(n_ctx=512, n_threads=2)) as engine:

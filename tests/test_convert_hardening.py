@@ -28,13 +28,14 @@ from convert_fixtures import PRESETS, leftovers, read_gguf, run_cli, target_for
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType, GGUFWriter
 
-from convert.converter import prepare
-from convert.errors import ContractError, UserError
-from convert.quantize import check_values
-from convert.safetensors_io import read_header
-from convert.synthetic import write_drafter
-from convert.target import read_target
-from convert.writer import KV, TensorSpec, write_gguf
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.converter import prepare
+from laguna_dflash.convert.errors import ContractError, UserError
+from laguna_dflash.convert.quantize import check_values
+from laguna_dflash.convert.safetensors_io import read_header
+from laguna_dflash.convert.synthetic import write_drafter
+from laguna_dflash.convert.target import read_target
+from laguna_dflash.convert.writer import KV, TensorSpec, write_gguf
 
 REPO = Path(__file__).resolve().parent.parent
 XS = PRESETS["xs"]
@@ -389,7 +390,7 @@ def test_metadata_the_writer_cannot_encode(tmp_path: Path, kv: KV, field: str, e
     out = tmp_path / "o.gguf"
     specs = [TensorSpec("t", (32,), Q.F32)]
     with pytest.raises(ContractError) as e:
-        write_gguf(out, "dflash-draft", {"ok": KV(1, GGUFValueType.UINT32), "k": kv}, specs, [np.zeros(32, np.float32)])
+        write_gguf(out, K.ARCH, {"ok": KV(1, GGUFValueType.UINT32), "k": kv}, specs, [np.zeros(32, np.float32)])
     assert str(e.value).startswith(f"{out}: {field}: expected {expected}"), str(e.value)
     assert list(tmp_path.iterdir()) == []
 
@@ -401,7 +402,7 @@ def test_a_planted_partial_file_is_never_written_through(tmp_path: Path) -> None
     out = tmp_path / "o.gguf"
     (tmp_path / f"o.gguf.partial-{os.getpid()}").symlink_to(victim)
     with pytest.raises(UserError, match=r"the temporary file .* already exists"):
-        write_gguf(out, "dflash-draft", {}, [TensorSpec("t", (32,), Q.F32)], [np.zeros(32, np.float32)])
+        write_gguf(out, K.ARCH, {}, [TensorSpec("t", (32,), Q.F32)], [np.zeros(32, np.float32)])
     assert victim.read_text() == "precious" and not out.exists()
 
 
@@ -413,13 +414,13 @@ def test_a_planted_partial_file_is_never_written_through(tmp_path: Path) -> None
 SLOW_CLI = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-import convert.converter as c
+import laguna_dflash.convert.converter as c
 _encode = c.encode
 def slow_encode(*a, **k):
     time.sleep(0.15)
     return _encode(*a, **k)
 c.encode = slow_encode
-from convert.cli import main
+from laguna_dflash.convert.cli import main
 sys.argv[0] = "laguna-gguf"
 main()
 """

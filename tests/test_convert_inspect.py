@@ -8,11 +8,11 @@ import pytest
 from convert_fixtures import PRESETS, run_cli, target_for
 from gguf import GGUFValueType, GGUFWriter
 
-from convert.converter import ARCH, prepare
-from convert.quantize import encode
-from convert.synthetic import write_drafter
-from convert.target import read_target
-from convert.writer import write_gguf
+from laguna_dflash.convert.converter import ARCH, prepare
+from laguna_dflash.convert.quantize import encode
+from laguna_dflash.convert.synthetic import write_drafter
+from laguna_dflash.convert.target import read_target
+from laguna_dflash.convert.writer import write_gguf
 
 XS = PRESETS["xs"]
 

@@ -13,7 +13,8 @@ from convert_fixtures import (LAYOUT_KEYS, PRESETS, SOURCE_REPO_KEY, cv_targets,
                               leftovers, read_gguf, run_cli)
 from gguf import GGMLQuantizationType as Q
 
-from convert.synthetic import write_drafter
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.synthetic import write_drafter
 
 LAYOUTS = [
     pytest.param("xs", dict(fused_qkv=True), id="xs-fused"),
@@ -76,28 +77,28 @@ def test_q8_0_layout_and_data(tmp_path: Path, cv_targets: dict[str, Path], prese
     own = {k: t for k, t in g.kv_types.items() if not k.startswith("tokenizer.")}
     assert own == LAYOUT_KEYS
     kv = g.kv
-    assert kv["general.architecture"] == "dflash-draft"
+    assert kv[K.GENERAL_ARCHITECTURE] == K.ARCH
     assert kv["general.file_type"] == 7 and kv["general.quantization_version"] == 2
     assert kv["general.name"] == "drafter" and kv["general.basename"] == "drafter"
-    assert kv["dflash-draft.dflash.laguna"] is True and kv["dflash-draft.attention.causal"] is True
-    assert kv["dflash-draft.dflash.target_layer_ids"] == list(preset["target_layer_ids"])  # HF ids, not +1
-    assert kv["dflash-draft.dflash.n_target_features"] == len(preset["target_layer_ids"]) * preset["hidden"]
-    assert kv["dflash-draft.dflash.block_size"] == 16 and kv["dflash-draft.dflash.mask_token_id"] == 12
-    assert kv["dflash-draft.attention.sliding_window"] == 512
-    assert kv["dflash-draft.attention.sliding_window_pattern"] == [True] * preset["n_layers"]
-    assert kv["dflash-draft.block_count"] == preset["n_layers"]
-    assert kv["dflash-draft.embedding_length"] == preset["hidden"]
-    assert kv["dflash-draft.feed_forward_length"] == preset["intermediate"]
-    assert kv["dflash-draft.attention.head_count"] == preset["n_heads"]
-    assert kv["dflash-draft.attention.head_count_kv"] == preset["n_kv_heads"]
-    assert kv["dflash-draft.attention.key_length"] == kv["dflash-draft.attention.value_length"] == preset["head_dim"]
-    assert kv["dflash-draft.rope.dimension_count"] == preset["head_dim"]
-    assert kv["dflash-draft.rope.freq_base"] == 500000.0
-    assert kv["dflash-draft.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
-    assert kv["dflash-draft.context_length"] == 262144
-    assert kv["dflash-draft.vocab_size"] == preset["vocab_size"]
-    assert kv["dflash-draft.dflash.target_name"] == "Tiny Laguna Target"
-    assert kv["dflash-draft.dflash.target_n_layer"] == preset["num_target_layers"]
+    assert kv[K.DFLASH_LAGUNA] is True and kv[K.CAUSAL] is True
+    assert kv[K.TARGET_LAYER_IDS] == list(preset["target_layer_ids"])  # HF ids, not +1
+    assert kv[K.N_TARGET_FEATURES] == len(preset["target_layer_ids"]) * preset["hidden"]
+    assert kv[K.BLOCK_SIZE] == 16 and kv[K.MASK_TOKEN_ID] == 12
+    assert kv[K.SLIDING_WINDOW] == 512
+    assert kv[K.SLIDING_WINDOW_PATTERN] == [True] * preset["n_layers"]
+    assert kv[K.BLOCK_COUNT] == preset["n_layers"]
+    assert kv[K.EMBEDDING_LENGTH] == preset["hidden"]
+    assert kv[K.FEED_FORWARD_LENGTH] == preset["intermediate"]
+    assert kv[K.HEAD_COUNT] == preset["n_heads"]
+    assert kv[K.HEAD_COUNT_KV] == preset["n_kv_heads"]
+    assert kv[K.KEY_LENGTH] == kv[K.VALUE_LENGTH] == preset["head_dim"]
+    assert kv[K.ROPE_DIMENSION_COUNT] == preset["head_dim"]
+    assert kv[K.ROPE_FREQ_BASE] == 500000.0
+    assert kv[K.RMS_EPS] == pytest.approx(1e-6)
+    assert kv[K.CONTEXT_LENGTH] == 262144
+    assert kv[K.VOCAB_SIZE] == preset["vocab_size"]
+    assert kv[K.TARGET_NAME] == "Tiny Laguna Target"
+    assert kv[K.TARGET_N_LAYER] == preset["num_target_layers"]
 
     # tensors: names (in order), GGUF dims, types, and data against the source
     table = expected_tensor_table(preset)
@@ -148,8 +149,8 @@ def test_float_outtypes_read_back_exactly(tmp_path: Path, cv_targets: dict[str, 
 
 
 def test_f32_checkpoint_to_f32_is_lossless(tmp_path: Path, cv_targets: dict[str, Path]) -> None:  # noqa: F811
-    from convert.checkpoint import load_config
-    from convert.synthetic import random_weights
+    from laguna_dflash.convert.checkpoint import load_config
+    from laguna_dflash.convert.synthetic import random_weights
 
     preset = PRESETS["xs"]
     drafter = write_drafter(tmp_path / "d", **preset, dtype="f32", seed=11)
@@ -224,7 +225,7 @@ def test_writer_streams_one_tensor_at_a_time(tmp_path: Path) -> None:
     """The header is on disk before the first tensor is produced, and each tensor is written before the next is made."""
     from gguf import GGUFValueType
 
-    from convert.writer import KV, TensorSpec, write_gguf
+    from laguna_dflash.convert.writer import KV, TensorSpec, write_gguf
 
     specs = [TensorSpec(f"t{i}", (4, 32), Q.F32) for i in range(3)]
     out = tmp_path / "s.gguf"
@@ -236,7 +237,7 @@ def test_writer_streams_one_tensor_at_a_time(tmp_path: Path) -> None:
             events.append(f"make {s.name} at {partial[0].stat().st_size if partial else -1}")
             yield np.zeros(s.shape, np.float32)
 
-    write_gguf(out, "dflash-draft", {"a.b": KV(1, GGUFValueType.UINT32)}, specs, data(),
+    write_gguf(out, K.ARCH, {"a.b": KV(1, GGUFValueType.UINT32)}, specs, data(),
                on_tensor=lambda s: events.append(f"wrote {s.name}"))
     sizes = [int(e.rsplit(" ", 1)[1]) for e in events if e.startswith("make")]
     assert [e.split(" at")[0] for e in events] == ["make t0", "wrote t0", "make t1", "wrote t1", "make t2", "wrote t2"]
@@ -245,7 +246,7 @@ def test_writer_streams_one_tensor_at_a_time(tmp_path: Path) -> None:
 
 
 def test_failure_while_writing_leaves_nothing(tmp_path: Path) -> None:
-    from convert.writer import TensorSpec, write_gguf
+    from laguna_dflash.convert.writer import TensorSpec, write_gguf
 
     specs = [TensorSpec("a", (32,), Q.F32), TensorSpec("b", (32,), Q.F32)]
 
@@ -254,7 +255,7 @@ def test_failure_while_writing_leaves_nothing(tmp_path: Path) -> None:
         raise RuntimeError("disk on fire")
 
     with pytest.raises(RuntimeError):
-        write_gguf(tmp_path / "x.gguf", "dflash-draft", {}, specs, data())
+        write_gguf(tmp_path / "x.gguf", K.ARCH, {}, specs, data())
     assert leftovers(tmp_path) == []
 
 
@@ -284,9 +285,9 @@ def test_layout_of_the_variants(tmp_path: Path, cv_targets: dict[str, Path]) -> 
     out = tmp_path / "o.gguf"
     convert(d, cv_targets["xs"], out)
     g = read_gguf(out)
-    assert "dflash-draft.attention.sliding_window" not in g.kv
-    assert g.kv["dflash-draft.attention.sliding_window_pattern"] == [False, False]
-    assert g.kv["dflash-draft.dflash.gating"] == "disabled"
+    assert K.SLIDING_WINDOW not in g.kv
+    assert g.kv[K.SLIDING_WINDOW_PATTERN] == [False, False]
+    assert g.kv[K.GATING] == "disabled"
     table = {k: v for k, v in expected_tensor_table(PRESETS["xs"]).items() if "attn_gate" not in k}
     assert g.tensor_order == list(table)
 
@@ -297,9 +298,9 @@ def test_a_file_converted_before_with_ffn_norm_passes_inspect(tmp_path: Path, cv
     convert(d, cv_targets["xs"], out)
     r = gguf.GGUFReader(str(out))
     old = tmp_path / "old.gguf"
-    w = gguf.GGUFWriter(str(old), "dflash-draft")
+    w = gguf.GGUFWriter(str(old), K.ARCH)
     for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "dflash-draft.dflash.gating"):
+        if key.startswith("GGUF.") or key in ("general.architecture", K.GATING):
             continue
         vt = f.types[0]
         w.add_key_value(key, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)

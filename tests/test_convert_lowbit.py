@@ -20,12 +20,12 @@ import pytest
 from convert_fixtures import PRESETS, GGUFContents, read_gguf, run_cli, target_for
 from gguf import GGMLQuantizationType as Q
 
-import convert.quantize as quantize
-from convert.quantize import LOWBIT_MAX_ABS, OutType
-from convert.safetensors_io import read_header
-from convert.synthetic import write_drafter
-from runtime import assets
-from runtime.cli import main as laguna_run
+import laguna_dflash.convert.quantize as quantize
+from laguna_dflash.convert.quantize import LOWBIT_MAX_ABS, OutType
+from laguna_dflash.convert.safetensors_io import read_header
+from laguna_dflash.convert.synthetic import write_drafter
+from laguna_dflash.runtime import assets
+from laguna_dflash.runtime.cli import main as laguna_run
 
 TARGET = assets.TINY_TARGET
 DRAFTER = assets.TINY_DRAFTER_HF

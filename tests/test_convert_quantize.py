@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from convert.errors import ContractError
-from convert.quantize import OutType, decode, encode, encoded_nbytes, quantize_q8_0, to_bf16_bits
+from laguna_dflash.convert.errors import ContractError
+from laguna_dflash.convert.quantize import OutType, decode, encode, encoded_nbytes, quantize_q8_0, to_bf16_bits
 
 
 def edge_cases() -> dict[str, np.ndarray]:
@@ -44,7 +44,7 @@ def test_q8_0_bytes_equal_gguf_py(case: str) -> None:
 
 
 def test_q8_0_in_chunks_equals_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    import convert.quantize as qz
+    import laguna_dflash.convert.quantize as qz
 
     x = np.random.default_rng(0).standard_normal((40, 96)).astype(np.float32)
     whole = quantize_q8_0(x)

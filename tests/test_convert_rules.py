@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from convert_fixtures import PRESETS, leftovers, run_cli, target_for
 
-from convert.synthetic import ABSENT, write_drafter
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.synthetic import ABSENT, write_drafter
 
 XS = PRESETS["xs"]  # hidden 64, 2 layers, 4 heads / 2 kv heads, head_dim 16, ids (1, 3) of 4, vocab 256
 
@@ -317,8 +318,8 @@ def test_rope_parameters_resolve_as_vllm_does(tmp_path: Path, overrides: dict[st
     res = run_cli("convert", d, "--target", target_for(XS, tmp_path / "t.gguf"), "-o", out, "-q")
     assert res.code == 0, res.stderr
     kv = read_gguf(out).kv
-    assert kv["dflash-draft.rope.freq_base"] == pytest.approx(theta, rel=1e-7)
-    assert kv["dflash-draft.rope.dimension_count"] == rope_dims
+    assert kv[K.ROPE_FREQ_BASE] == pytest.approx(theta, rel=1e-7)
+    assert kv[K.ROPE_DIMENSION_COUNT] == rope_dims
 
 
 def test_swa_rope_parameters_do_not_apply_to_full_attention_layers(tmp_path: Path) -> None:
@@ -330,7 +331,7 @@ def test_swa_rope_parameters_do_not_apply_to_full_attention_layers(tmp_path: Pat
     out = tmp_path / "o.gguf"
     assert run_cli("convert", d, "--target", target_for(XS, tmp_path / "t.gguf"), "-o", out, "-q").code == 0
     kv = read_gguf(out).kv
-    assert kv["dflash-draft.rope.freq_base"] == 1e6 and kv["dflash-draft.rope.dimension_count"] == 16
+    assert kv[K.ROPE_FREQ_BASE] == 1e6 and kv[K.ROPE_DIMENSION_COUNT] == 16
 
 
 @pytest.mark.parametrize("written,mode", [(True, "per-head"), ("per-head", "per-head"), (ABSENT, "per-head"),
@@ -345,7 +346,7 @@ def test_gating_values_vllm_accepts(tmp_path: Path, written: Any, mode: str) -> 
     res = run_cli("convert", d, "--target", target_for(XS, tmp_path / "t.gguf"), "-o", out, "-q")
     assert res.code == 0, res.stderr
     g = read_gguf(out)
-    assert g.kv["dflash-draft.dflash.gating"] == mode
+    assert g.kv[K.GATING] == mode
     gates = {n: shape for n, (shape, _, _) in g.tensors.items() if n.endswith("attn_gate.weight")}
     # GGUF ne order: [n_embd, rows]
     want = {"per-head": {f"blk.{n}.attn_gate.weight": (64, 4) for n in range(2)},

@@ -11,10 +11,11 @@ import pytest
 from convert_fixtures import PRESETS, leftovers, read_gguf, run_cli, target_for
 from gguf import GGUFValueType, GGUFWriter
 
-from convert.converter import convert
-from convert.errors import ContractError, UserError
-from convert.synthetic import write_drafter, write_target_gguf
-from convert.target import find_llama_cpp_dir, read_target
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.converter import convert
+from laguna_dflash.convert.errors import ContractError, UserError
+from laguna_dflash.convert.synthetic import write_drafter, write_target_gguf
+from laguna_dflash.convert.target import find_llama_cpp_dir, read_target
 
 XS = PRESETS["xs"]
 
@@ -86,7 +87,7 @@ def test_hf_target_with_injected_tokenizer_step(tmp_path: Path) -> None:
     out = read_gguf(summary.out)
     reference = read_gguf(target_for(XS, tmp_path / "ref.gguf"))
     assert out.kv["tokenizer.ggml.tokens"] == reference.kv["tokenizer.ggml.tokens"]
-    assert out.kv["dflash-draft.dflash.target_name"] == "From Vocab Step"
+    assert out.kv[K.TARGET_NAME] == "From Vocab Step"
 
 
 @pytest.mark.parametrize("over,vocab,fragment", [
@@ -106,7 +107,7 @@ def test_hf_target_config_checks(tmp_path: Path, over: dict, vocab: int, fragmen
 
 
 def test_hf_target_pairing_is_checked(tmp_path: Path) -> None:
-    from convert.converter import prepare
+    from laguna_dflash.convert.converter import prepare
 
     step, _ = _fake_vocab_step()
     t = read_target(_hf_target_dir(tmp_path / "hf", num_hidden_layers=6), vocab_step=step)
@@ -206,4 +207,4 @@ def test_hf_target_through_vendored_llama_cpp(tmp_path: Path, monkeypatch: pytes
     tokens = g.kv["tokenizer.ggml.tokens"]
     assert len(tokens) == preset["vocab_size"]  # padded by llama.cpp to the config's vocab_size
     assert tokens[:3] == ["〈|PAD|〉", "〈|UNK|〉", "〈|EOS|〉"]
-    assert g.kv["dflash-draft.dflash.target_n_layer"] == 4
+    assert g.kv[K.TARGET_N_LAYER] == 4

@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 
 from reference.dflash_numpy import load_drafter
-from runtime.drafter import Drafter
-from runtime.engine import Engine, EngineConfig, GenerateOptions
-from runtime.llama import Context, ContextParams, Model
-from runtime.placement import ALL_LAYERS, gpu_available
+from laguna_dflash.runtime.drafter import Drafter
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.runtime.llama import Context, ContextParams, Model
+from laguna_dflash.runtime.placement import ALL_LAYERS, gpu_available
 
 pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA build of the wheel and a GPU")
 
@@ -144,7 +144,7 @@ def test_offloaded_greedy_speculative_equals_plain_greedy_up_to_near_ties(tiny_t
 
 def test_bundled_pair_on_the_gpu_follows_plain_greedy_up_to_near_ties():
     """Q8_0 target and drafter, F16 cache: what `laguna-run` runs by default on a GPU."""
-    from runtime import assets
+    from laguna_dflash.runtime import assets
 
     target, drafter = assets.default_pair(None)
     prompts = assets.read_prompts(assets.CODE_PROMPTS)[:3]
@@ -161,7 +161,7 @@ def test_bundled_pair_on_the_gpu_follows_plain_greedy_up_to_near_ties():
 
 
 def test_cli_auto_device_puts_both_models_on_the_gpu(capsys):
-    from runtime.cli import main
+    from laguna_dflash.runtime.cli import main
 
     code = main(["-p", "def add(a, b):", "-n", "24", "--n-max", "4", "--json"])
     out = json.loads(capsys.readouterr().out)

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convert import converter
-from convert.target import read_target
-from runtime import assets
-from runtime.engine import Engine, EngineConfig, GenerateOptions
-from runtime.llama import Model
+from laguna_dflash.convert import converter
+from laguna_dflash.convert.target import read_target
+from laguna_dflash.runtime import assets
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.runtime.llama import Model
 
 PROMPTS = assets.read_prompts(assets.CODE_PROMPTS)
 
@@ -121,7 +121,7 @@ def test_neutralised_aux_norms_cost_acceptance(target, drafter_f32, trained_f32,
 def test_torch_training_model_and_numpy_reference_agree_on_the_shipped_weights():
     torch = pytest.importorskip("torch")
     from reference.dflash_numpy import DrafterReference, load_drafter
-    from runtime.torch_drafter import LagunaDFlashDrafter
+    from training.torch_drafter import LagunaDFlashDrafter
 
     weights = load_drafter(assets.TINY_DRAFTER_HF)
     model = LagunaDFlashDrafter.from_pretrained(assets.TINY_DRAFTER_HF, dtype=torch.float64)

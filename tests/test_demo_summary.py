@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from demo_summary import main, summary_line
-from runtime.assets import PROMPTS_DIR
+from laguna_dflash.runtime.assets import PROMPTS_DIR
 
 
 def test_line_names_both_speeds_the_ratio_and_the_verdict():

@@ -10,17 +10,19 @@ we require max |Δlogit| <= 10% of max |logit| and the same argmax on >= 75% of 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 
-from convert import converter, synthetic
-from convert.target import read_target as read_target_info
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert import converter, synthetic
+from laguna_dflash.convert.target import read_target as read_target_info
 from reference.dflash_numpy import DrafterReference, DrafterWeights, load_drafter
-from runtime.drafter import Drafter
-from runtime.llama import Context, ContextParams, LlamaError, Model
+from laguna_dflash.runtime.drafter import Drafter
+from laguna_dflash.runtime.llama import Context, ContextParams, LlamaError, Model
 
 TOL = 1e-4
 Q8_REL_TOL = 0.1
@@ -103,9 +105,9 @@ BLOCK = [100, 12, 12, 12, 12, 12, 12, 12]
 def c_loader_only(monkeypatch):
     """Reach patch 0003's own refusals (defence in depth): the Python header checks that run
     before llama.cpp (convert/gguf_rules.py, tested in test_gguf_ranges.py) would answer first."""
-    import runtime.llama
+    import laguna_dflash.runtime.llama
 
-    monkeypatch.setattr(runtime.llama, "checked_header", lambda *args, **kwargs: None)
+    monkeypatch.setattr(laguna_dflash.runtime.llama, "checked_header", lambda *args, **kwargs: None)
 
 
 def test_block_logits_match_numpy_reference(target_model, drafter_files, head_and_embd):
@@ -256,8 +258,8 @@ def test_wrong_shape_and_extra_tensor_fail_to_load(drafter_files, tmp_path):
 
 
 @pytest.mark.parametrize("key,value", [
-    ("dflash-draft.attention.causal", False),
-    ("dflash-draft.dflash.laguna", False),
+    (K.CAUSAL, False),
+    (K.DFLASH_LAGUNA, False),
 ])
 @pytest.mark.usefixtures("c_loader_only")
 def test_non_causal_or_non_laguna_metadata_fails_to_load(drafter_files, tmp_path, key, value):
@@ -268,7 +270,7 @@ def test_non_causal_or_non_laguna_metadata_fails_to_load(drafter_files, tmp_path
 
 def test_layer_ids_beyond_the_target_fail_at_context_creation(drafter_files, target_model, tmp_path):
     bad = rewrite(drafter_files["f32"], tmp_path / "ids.gguf",
-                  kv={"dflash-draft.dflash.target_layer_ids": ([0, 2, 9], gguf.GGUFValueType.ARRAY)})
+                  kv={K.TARGET_LAYER_IDS: ([0, 2, 9], gguf.GGUFValueType.ARRAY)})
     with target_ctx(target_model) as tctx, Model(bad) as m:
         with pytest.raises(LlamaError, match="could not create a context"):
             Context(m, ContextParams(n_ctx=256), other=tctx)
@@ -296,12 +298,12 @@ def old_named(src: Path, dst: Path) -> Path:
     names = {t.name: t.name.replace("post_attention_norm", "ffn_norm") for t in r.tensors
              if "post_attention_norm" in t.name}
     assert names, "the converter writes post_attention_norm"
-    return rewrite(src, dst, rename=names, drop_kv={"dflash-draft.dflash.gating"})
+    return rewrite(src, dst, rename=names, drop_kv={K.GATING})
 
 
 def test_a_file_with_the_old_ffn_norm_name_loads_and_drafts_the_same(target_model, drafter_files, tmp_path):
-    from convert.drafter_info import layout_problems, read_drafter_gguf
-    from runtime.pair import read_drafter
+    from laguna_dflash.convert.drafter_info import layout_problems, read_drafter_gguf
+    from laguna_dflash.runtime.pair import read_drafter
 
     old = old_named(drafter_files["f32"], tmp_path / "old.gguf")
     assert not layout_problems(read_drafter_gguf(old))
@@ -314,7 +316,7 @@ def test_a_file_with_the_old_ffn_norm_name_loads_and_drafts_the_same(target_mode
 
 @pytest.mark.usefixtures("c_loader_only")
 def test_a_file_with_both_pre_ffn_norm_names_is_refused(drafter_files, tmp_path):
-    from convert.drafter_info import layout_problems, read_drafter_gguf
+    from laguna_dflash.convert.drafter_info import layout_problems, read_drafter_gguf
 
     both = rewrite(drafter_files["f32"], tmp_path / "both.gguf",
                    add={"blk.0.ffn_norm.weight": np.ones(64, dtype=np.float32)})
@@ -327,57 +329,57 @@ def test_a_file_with_both_pre_ffn_norm_names_is_refused(drafter_files, tmp_path)
 
 U32, F32T, I32, BOOLT, STRT, ARR = (gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.INT32,
                                     gguf.GGUFValueType.BOOL, gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY)
-P = "dflash-draft."
+P = K.ARCH + "."
 
 # (id, keys to override, keys to drop, the loader's message). Each value passes the GGUF reader; without
 # the loader's own check the file would load (or fail only later, or abort): the message says which check.
 BAD_KEYS = [
-    ("eps-nan", {P + "attention.layer_norm_rms_epsilon": (float("nan"), F32T)}, (),
+    ("eps-nan", {K.RMS_EPS: (float("nan"), F32T)}, (),
      "attention.layer_norm_rms_epsilon nan must be positive and finite"),
-    ("eps-zero", {P + "attention.layer_norm_rms_epsilon": (0.0, F32T)}, (),
+    ("eps-zero", {K.RMS_EPS: (0.0, F32T)}, (),
      "attention.layer_norm_rms_epsilon 0 must be positive and finite"),
-    ("eps-negative", {P + "attention.layer_norm_rms_epsilon": (-1e-6, F32T)}, (),
+    ("eps-negative", {K.RMS_EPS: (-1e-6, F32T)}, (),
      "attention.layer_norm_rms_epsilon -1e-06 must be positive and finite"),
-    ("rope-base-inf", {P + "rope.freq_base": (float("inf"), F32T)}, (), "rope.freq_base inf must be positive and finite"),
-    ("rope-base-zero", {P + "rope.freq_base": (0.0, F32T)}, (), "rope.freq_base 0 must be positive and finite"),
-    ("heads-zero", {P + "attention.head_count": (0, U32)}, (),
+    ("rope-base-inf", {K.ROPE_FREQ_BASE: (float("inf"), F32T)}, (), "rope.freq_base inf must be positive and finite"),
+    ("rope-base-zero", {K.ROPE_FREQ_BASE: (0.0, F32T)}, (), "rope.freq_base 0 must be positive and finite"),
+    ("heads-zero", {K.HEAD_COUNT: (0, U32)}, (),
      "attention.head_count 0 and head_count_kv 2 must be positive, the first a multiple of the second"),
-    ("kv-heads-zero", {P + "attention.head_count_kv": (0, U32)}, (),
+    ("kv-heads-zero", {K.HEAD_COUNT_KV: (0, U32)}, (),
      "attention.head_count 4 and head_count_kv 0 must be positive"),
-    ("kv-heads-not-dividing", {P + "attention.head_count_kv": (3, U32)}, (),
+    ("kv-heads-not-dividing", {K.HEAD_COUNT_KV: (3, U32)}, (),
      "attention.head_count 4 and head_count_kv 3 must be positive, the first a multiple of the second"),
-    ("heads-per-layer", {P + "attention.head_count": ([4, 2], ARR, U32)}, (),
+    ("heads-per-layer", {K.HEAD_COUNT: ([4, 2], ARR, U32)}, (),
      "layer 1 has other head counts or feed_forward_length than layer 0"),
-    ("ff-zero", {P + "feed_forward_length": (0, U32)}, (), "feed_forward_length must be positive"),
-    ("head-dim-zero", {P + "attention.key_length": (0, U32), P + "attention.value_length": (0, U32)}, (),
+    ("ff-zero", {K.FEED_FORWARD_LENGTH: (0, U32)}, (), "feed_forward_length must be positive"),
+    ("head-dim-zero", {K.KEY_LENGTH: (0, U32), K.VALUE_LENGTH: (0, U32)}, (),
      "attention.key_length 0 and value_length 0 must be equal and in 2..1024"),
-    ("head-dim-huge", {P + "attention.key_length": (4096, U32), P + "attention.value_length": (4096, U32)}, (),
+    ("head-dim-huge", {K.KEY_LENGTH: (4096, U32), K.VALUE_LENGTH: (4096, U32)}, (),
      "attention.key_length 4096 and value_length 4096 must be equal and in 2..1024"),
-    ("value-length-differs", {P + "attention.value_length": (32, U32)}, (),
+    ("value-length-differs", {K.VALUE_LENGTH: (32, U32)}, (),
      "attention.key_length 16 and value_length 32 must be equal"),
-    ("rope-dims-zero", {P + "rope.dimension_count": (0, U32)}, (),
+    ("rope-dims-zero", {K.ROPE_DIMENSION_COUNT: (0, U32)}, (),
      "rope.dimension_count 0, expected an even count in 2..16 (the head size)"),
-    ("rope-dims-odd", {P + "rope.dimension_count": (7, U32)}, (), "rope.dimension_count 7, expected an even count"),
-    ("rope-dims-beyond-head", {P + "rope.dimension_count": (32, U32)}, (),
+    ("rope-dims-odd", {K.ROPE_DIMENSION_COUNT: (7, U32)}, (), "rope.dimension_count 7, expected an even count"),
+    ("rope-dims-beyond-head", {K.ROPE_DIMENSION_COUNT: (32, U32)}, (),
      "rope.dimension_count 32, expected an even count in 2..16"),
-    ("block-size-1", {P + "dflash.block_size": (1, U32)}, (), "block_size 1 outside 2..512"),
-    ("block-size-513", {P + "dflash.block_size": (513, U32)}, (), "block_size 513 outside 2..512"),
-    ("window-1", {P + "attention.sliding_window": (1, U32)}, (), "attention.sliding_window 1 outside 2..2^20"),
-    ("window-huge", {P + "attention.sliding_window": ((1 << 20) + 1, U32)}, (),
+    ("block-size-1", {K.BLOCK_SIZE: (1, U32)}, (), "block_size 1 outside 2..512"),
+    ("block-size-513", {K.BLOCK_SIZE: (513, U32)}, (), "block_size 513 outside 2..512"),
+    ("window-1", {K.SLIDING_WINDOW: (1, U32)}, (), "attention.sliding_window 1 outside 2..2^20"),
+    ("window-huge", {K.SLIDING_WINDOW: ((1 << 20) + 1, U32)}, (),
      "attention.sliding_window 1048577 outside 2..2^20"),
-    ("ids-beyond-any-target", {P + "dflash.target_layer_ids": ([0, 2, 600], ARR)}, (),
+    ("ids-beyond-any-target", {K.TARGET_LAYER_IDS: ([0, 2, 600], ARR)}, (),
      "dflash.target_layer_ids must be strictly increasing ids in 0..511"),
-    ("ids-decreasing", {P + "dflash.target_layer_ids": ([2, 0, 5], ARR)}, (),
+    ("ids-decreasing", {K.TARGET_LAYER_IDS: ([2, 0, 5], ARR)}, (),
      "dflash.target_layer_ids must be strictly increasing"),
-    ("ids-negative", {P + "dflash.target_layer_ids": ([-1, 2, 5], ARR)}, (),
+    ("ids-negative", {K.TARGET_LAYER_IDS: ([-1, 2, 5], ARR)}, (),
      "dflash.target_layer_ids must be strictly increasing"),
-    ("gating-unknown", {P + "dflash.gating": ("per-row", STRT)}, (),
+    ("gating-unknown", {K.GATING: ("per-row", STRT)}, (),
      'dflash.gating "per-row", expected per-head, per-element or disabled'),
-    ("layers-mixed", {P + "attention.sliding_window_pattern": ([True, False], ARR, BOOLT)}, (),
+    ("layers-mixed", {K.SLIDING_WINDOW_PATTERN: ([True, False], ARR, BOOLT)}, (),
      "layer 1 is full, but attention.sliding_window is set"),
-    ("pattern-without-window", {}, (P + "attention.sliding_window",),
+    ("pattern-without-window", {}, (K.SLIDING_WINDOW,),
      "layer 0 is sliding, but attention.sliding_window is absent"),
-    ("pattern-length", {P + "attention.sliding_window_pattern": ([True], ARR, BOOLT)}, (),
+    ("pattern-length", {K.SLIDING_WINDOW_PATTERN: ([True], ARR, BOOLT)}, (),
      "attention.sliding_window_pattern must hold one entry per layer (2)"),
 ]
 
@@ -394,8 +396,8 @@ def test_bad_metadata_fails_to_load_with_the_loaders_message(drafter_files, tmp_
 # keys the generic loader GGML_ASSERTs on before the drafter's own checks: run in a child process,
 # so that an abort (the check missing) fails this test instead of killing the test session
 ABORTING_KEYS = [
-    ("block-count-zero", {P + "block_count": (0, U32)}, "block_count 0 outside 1..512"),
-    ("block-count-huge", {P + "block_count": (600, U32)}, "block_count 600 outside 1..512"),
+    ("block-count-zero", {K.BLOCK_COUNT: (0, U32)}, "block_count 0 outside 1..512"),
+    ("block-count-huge", {K.BLOCK_COUNT: (600, U32)}, "block_count 600 outside 1..512"),
     ("experts", {P + "expert_count": (4, U32)}, "dflash-draft.expert_count is set, but the drafter is dense"),
     ("rope-scaling-unknown", {P + "rope.scaling.type": ("spline", STRT)},
      'rope.scaling.type "spline", expected none (plain RoPE)'),
@@ -412,8 +414,8 @@ def test_keys_the_generic_loader_asserts_on_fail_cleanly(drafter_files, tmp_path
 
     bad = rewrite(drafter_files["f32"], tmp_path / "bad.gguf", kv=kv)
     # the C loader alone, as c_loader_only does (the Python header checks would answer first)
-    code = ("import sys\nimport runtime.llama\nruntime.llama.checked_header = lambda *a, **k: None\n"
-            "from runtime.llama import LlamaError, Model\n"
+    code = ("import sys\nimport laguna_dflash.runtime.llama\nlaguna_dflash.runtime.llama.checked_header = lambda *a, **k: None\n"
+            "from laguna_dflash.runtime.llama import LlamaError, Model\n"
             "try:\n    Model(sys.argv[1])\nexcept LlamaError:\n    sys.exit(3)\n")
     res = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[1])
@@ -486,12 +488,12 @@ def test_each_config_variant_matches_the_reference_at_run_time(target_model, tmp
 
 
 def test_a_full_attention_drafter_is_written_without_a_window(tmp_path, tiny_target):
-    from runtime.pair import read_drafter
+    from laguna_dflash.runtime.pair import read_drafter
 
     _, path = write_gguf_drafter(tmp_path, "full", tiny_target, layer_type="full_attention")
     kv = {k: f.contents() for k, f in gguf.GGUFReader(str(path)).fields.items()}
-    assert "dflash-draft.attention.sliding_window" not in kv
-    assert kv["dflash-draft.attention.sliding_window_pattern"] == [False, False]
+    assert K.SLIDING_WINDOW not in kv
+    assert kv[K.SLIDING_WINDOW_PATTERN] == [False, False]
     assert read_drafter(path).sliding_window == 0
 
 
@@ -515,12 +517,12 @@ def test_without_a_window_the_runtime_keeps_every_context_row(target_model, tmp_
 def test_without_a_window_every_plain_step_reads_its_row_for_the_drafter(tiny_target, tmp_path):
     """The engine's capture horizon (plain steps before a draft whose rows the drafter reads)
     covers the whole sequence when the drafter has no window, and at most the window otherwise."""
-    from runtime.engine import Engine, EngineConfig
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
 
     _, full = write_gguf_drafter(tmp_path, "full", tiny_target, layer_type="full_attention")
     _, windowed = write_gguf_drafter(tmp_path, "w", tiny_target, sliding_window=24)
     cfg = EngineConfig(n_ctx=256, kv_type="f32")
     with Engine.load(tiny_target["gguf"], full, cfg) as engine:
-        assert engine.capture_horizon > 10**9
+        assert engine.drafter.capture_horizon == math.inf
     with Engine.load(tiny_target["gguf"], windowed, cfg) as engine:
-        assert engine.capture_horizon == 24
+        assert engine.drafter.capture_horizon == 24

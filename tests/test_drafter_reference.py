@@ -7,17 +7,12 @@ model.safetensors) with random, non-unit norm weights so that any norm mix-up sh
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tests.reference.dflash_numpy import (  # noqa: E402
+from reference.dflash_numpy import (  # noqa: E402
     DrafterReference,
     DrafterWeights,
     load_drafter,
@@ -28,7 +23,9 @@ from tests.reference.dflash_numpy import (  # noqa: E402
 torch = pytest.importorskip("torch")
 from safetensors.torch import save_file  # noqa: E402
 
-from runtime.torch_drafter import LagunaDFlashDrafter, expected_state_shapes  # noqa: E402
+from laguna_dflash.convert.checkpoint import expected_tensors  # noqa: E402
+from laguna_dflash.convert.errors import ContractError  # noqa: E402
+from training.torch_drafter import LagunaDFlashDrafter  # noqa: E402
 
 H, I, NH, NKV, HD, VOCAB, WINDOW = 64, 128, 4, 2, 16, 97, 8
 TARGET_IDS = [0, 2, 3]
@@ -367,9 +364,9 @@ def test_loader_variants(tmp_path, weights):
     kept = {k: v for k, v in load_file(str(st)).items() if k != "layers.2.self_attn.v_proj.weight"}
     save_file(kept, str(st))
     for name in ("both", "missing", "incomplete"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ContractError):
             load_drafter(tmp_path / name)
-        with pytest.raises(ValueError):
+        with pytest.raises(ContractError):
             LagunaDFlashDrafter.from_pretrained(tmp_path / name)
 
 
@@ -379,7 +376,7 @@ def test_torch_state_dict_is_the_hf_layout(tmp_path):
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p))
-    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == expected_state_shapes(cfg)
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == expected_tensors(model.contract)
 
     model.save_pretrained(tmp_path / "f32", dtype="float32")
     saved_cfg = json.loads((tmp_path / "f32" / "config.json").read_text())
@@ -436,11 +433,11 @@ def test_norm_and_rope_follow_transformers_laguna():
 
 def test_rope_parameters_resolution():
     """vLLM's precedence: swa_rope_parameters > rope_parameters > top-level rope_theta (torch agrees)."""
-    from runtime.torch_drafter import parse_drafter_config
-    from tests.reference.dflash_numpy import DrafterConfig
+    from training.torch_drafter import parse_drafter_config
+    from reference.dflash_numpy import DrafterConfig
 
     def theta(cfg):
-        a, b = DrafterConfig.from_dict(cfg).rope_theta, parse_drafter_config(cfg)["rope_theta"]
+        a, b = DrafterConfig.from_dict(cfg).rope_theta, parse_drafter_config(cfg).rope_theta
         assert a == b
         return a
 
@@ -453,14 +450,14 @@ def test_rope_parameters_resolution():
     assert theta(nested) == 250000.0
     assert theta(dict(nested, swa_rope_parameters={"rope_theta": 20000.0})) == 20000.0
     bad = dict(base, rope_parameters={"rope_type": "yarn", "rope_theta": 1.0e4, "factor": 4.0})
-    with pytest.raises(ValueError):
+    with pytest.raises(ContractError):
         DrafterConfig.from_dict(bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(ContractError):
         parse_drafter_config(bad)
 
 
 def test_rope_parameters_of_full_attention_layers_ignore_the_swa_ones():
-    from tests.reference.dflash_numpy import DrafterConfig
+    from reference.dflash_numpy import DrafterConfig
 
     full = dict(make_config(), layer_types=["full_attention"] * 2,
                 swa_rope_parameters={"rope_theta": 2e4, "partial_rotary_factor": 0.5},
@@ -473,7 +470,7 @@ def test_rope_parameters_of_full_attention_layers_ignore_the_swa_ones():
     c = DrafterConfig.from_dict(dict(make_config(), partial_rotary_factor=0.25,
                                      rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.5}))
     assert c.rotary_dim == HD // 2
-    with pytest.raises(ValueError):
+    with pytest.raises(ContractError):
         DrafterConfig.from_dict(dict(make_config(), layer_types=["sliding_attention", "full_attention"]))
 
 
@@ -531,7 +528,7 @@ def test_disabled_gate_is_a_per_head_gate_of_one(disabled):
     want = numpy_logits(_variant(scaled), hid, 0, blk)
     np.testing.assert_allclose(numpy_logits(_variant(ungated, gating=disabled), hid, 0, blk), want,
                                rtol=1e-6, atol=1e-6)
-    with pytest.raises(ValueError):  # a disabled gate has no g_proj
+    with pytest.raises(ContractError):  # a disabled gate has no g_proj
         _variant(tensors, gating=disabled)
 
 

@@ -10,13 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convert import converter, synthetic
-from convert.target import read_target as read_target_info
-from runtime.cli import main as cli_main
-from runtime.engine import Engine, EngineConfig, GenerateOptions
-from runtime.llama import Model
-from runtime.sampling import SamplingParams
-from runtime.tuner import DepthPolicy
+from laguna_dflash.convert import converter, synthetic
+from laguna_dflash.convert.drafter_info import pairing_problems, read_drafter_gguf
+from laguna_dflash.convert.target import read_target as read_target_info
+from laguna_dflash.runtime.cli import main as cli_main
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.runtime.llama import Model
+from laguna_dflash.runtime.sampling import SamplingParams
+from laguna_dflash.runtime.tuner import DepthPolicy
 
 WINDOW = 24
 
@@ -128,27 +129,35 @@ def test_plain_steps_skip_only_rows_the_drafter_can_no_longer_see(target, drafte
     drafts, switches = {}, {}
     with engine_for(target, drafter_gguf) as eng:
         ref = eng.generate(PROMPT, GenerateOptions(n_predict=4 * WINDOW, n_max=0)).tokens
-        real_set_capture = eng._set_capture
+        d = eng.drafter
+        real_set_capture = d.set_capture
+
+        def spy(on: bool) -> None:
+            if on != d.capturing:
+                switches[honest].append(on)
+            real_set_capture(on)
+
+        d.set_capture = spy
         for honest in (True, False):
             seen, switches[honest] = [], []
-            eng._set_capture = lambda on: (switches[honest].append(on), real_set_capture(on))
             out = eng.generate(PROMPT, GenerateOptions(
                 n_predict=4 * WINDOW, n_max=PlainThenDraft(3 * WINDOW, honest),
                 trace=lambda r: seen.append(r["drafted"]) if r["depth"] else None))
             assert out.tokens == ref
             drafts[honest] = seen
     assert drafts[True] and drafts[True] == drafts[False]
-    # capture on for the prompt, off for the promised stretch, on again for the window's rows
-    assert switches[True] == [True, False, True] and switches[False] == [True]
+    # capture on for the prompt (plain decoding had it off), off for the promised stretch, on
+    # again for the window's rows; without a promise it stays on throughout
+    assert switches[True] == [True, False, True] and switches[False] == []
 
 
 def test_after_a_promised_stretch_the_drafter_reads_only_the_capture_horizon(target, drafter_gguf):
     """Of a long promised stretch of plain steps, only the last ``capture_horizon`` read their
     rows for the drafter (here 8 of a 24-row window); greedy output is unchanged."""
     with engine_for(target, drafter_gguf) as eng:
-        assert eng.capture_horizon == WINDOW  # min(window, CATCHUP_ROWS)
+        assert eng.drafter.capture_horizon == WINDOW  # min(window, CATCHUP_ROWS)
         ref = eng.generate(PROMPT, GenerateOptions(n_predict=3 * WINDOW, n_max=0)).tokens
-        eng.capture_horizon = 8
+        eng.drafter.capture_horizon = 8
         read = []
         real_inject = eng.drafter.inject_visible
         eng.drafter.inject_visible = lambda f, *a: (read.append(len(f)), real_inject(f, *a))[1]
@@ -229,4 +238,8 @@ def test_mismatched_pair_is_refused_with_exit_code_2(tmp_path, tiny_target, kind
     assert code == 2
     lines = [ln for ln in captured.err.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and str(bad) in lines[0]
-    assert {"hidden": "embedding_length", "layers": "target_layer_ids", "vocab": "tokenizer.ggml.tokens"}[kind] in lines[0]
+    # the drafter records the target's layer count, so that rule answers before the layer ids
+    assert {"hidden": "embedding_length", "layers": "target_n_layer", "vocab": "tokenizer.ggml.tokens"}[kind] in lines[0]
+    # one rule set: the runtime's refusal is the first of the problems inspect lists
+    problems = pairing_problems(read_drafter_gguf(bad), read_target_info(tiny_target["gguf"]))
+    assert problems and lines[0] == f"error: {problems[0]}"

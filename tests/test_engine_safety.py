@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime import assets
-from runtime.engine import Engine, EngineBusy, EngineConfig, GenerateOptions
+from laguna_dflash.runtime import assets
+from laguna_dflash.runtime.engine import Engine, EngineBusy, EngineConfig, GenerateOptions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -39,8 +39,8 @@ def run_child(body: str, *args: object, timeout: float = 300) -> dict:
 
 PRELUDE = """
 import json, sys, threading
-from runtime.engine import Engine, EngineConfig, GenerateOptions
-from runtime.llama import ClosedError, Model
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.runtime.llama import ClosedError, Model
 target, drafter = sys.argv[1], sys.argv[2]
 out = {}
 def refused(fn):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gguf_fuzz_worker import TOOL_TIMEOUT_S
 from gguf_mutate import Source
-from runtime import assets
+from laguna_dflash.runtime import assets
 
 WORKER = Path(__file__).resolve().parent / "gguf_fuzz_worker.py"
 N_WORKERS = 2

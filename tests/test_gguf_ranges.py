@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType as T
 
-from convert.errors import UserError
-from convert.gguf_header import read_header
-from convert.gguf_rules import ARCH_RULES, MODEL_RULES, header_problems
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.errors import UserError
+from laguna_dflash.convert.gguf_header import read_header
+from laguna_dflash.convert.gguf_rules import ARCH_RULES, MODEL_RULES, header_problems
 from convert_fixtures import run_cli
 from gguf_mutate import Source
-from runtime import assets
+from laguna_dflash.runtime import assets
 
 REPO = Path(__file__).resolve().parent.parent
 EPS = "attention.layer_norm_rms_epsilon"
@@ -35,7 +36,7 @@ def sources() -> dict[str, Source]:
 
 
 def _arch(role: str) -> str:
-    return "dflash-draft" if role == "drafter" else "laguna"
+    return K.ARCH if role == "drafter" else "laguna"
 
 
 def mutated(sources, tmp_path, role: str, key: str, vtype: T, value, sub_type=None) -> dict[str, Path]:
@@ -47,9 +48,9 @@ def mutated(sources, tmp_path, role: str, key: str, vtype: T, value, sub_type=No
 
 LOAD = """
 import json, sys
-from convert.errors import UserError
-from runtime.cli import main
-from runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.convert.errors import UserError
+from laguna_dflash.runtime.cli import main
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 target, drafter = sys.argv[1], sys.argv[2]
 try:
     with Engine.load(target, drafter, EngineConfig(n_ctx=256, n_threads=1)) as e:
@@ -106,12 +107,12 @@ def test_bad_rms_epsilon_is_refused_by_inspect_and_at_load(sources, tmp_path, ro
     ("target", "expert_gating_func", T.UINT32, 7, "expected 1..4"),
     ("target", "leading_dense_block_count", T.UINT32, 25, "expected at most block_count (24), found 25"),
     # the drafter's own contract
-    ("drafter", "dflash.block_size", T.UINT32, 1, "expected an integer in 2..512"),
+    ("drafter", K.suffix(K.BLOCK_SIZE), T.UINT32, 1, "expected an integer in 2..512"),
     ("drafter", "attention.sliding_window", T.UINT32, 2**21, "expected an integer in 2..2^20"),
-    ("drafter", "dflash.target_layer_ids", T.ARRAY, ([1, 9, 9, 23], T.INT32), "expected non-empty, strictly increasing"),
-    ("drafter", "dflash.target_layer_ids", T.ARRAY, ([-1, 9, 17, 23], T.INT32), "layer ids in 0..511 in every"),
-    ("drafter", "dflash.n_target_features", T.UINT32, 384, "expected 512 (len(target_layer_ids) x embedding_length)"),
-    ("drafter", "dflash.mask_token_id", T.UINT32, 4096, "expected 0..4095 (a token id), found 4096"),
+    ("drafter", K.suffix(K.TARGET_LAYER_IDS), T.ARRAY, ([1, 9, 9, 23], T.INT32), "expected non-empty, strictly increasing"),
+    ("drafter", K.suffix(K.TARGET_LAYER_IDS), T.ARRAY, ([-1, 9, 17, 23], T.INT32), "layer ids in 0..511 in every"),
+    ("drafter", K.suffix(K.N_TARGET_FEATURES), T.UINT32, 384, "expected 512 (len(target_layer_ids) x embedding_length)"),
+    ("drafter", K.suffix(K.MASK_TOKEN_ID), T.UINT32, 4096, "expected 0..4095 (a token id), found 4096"),
     ("drafter", "context_length", T.UINT32, 0, "expected an integer in 1..2^31-1"),
 ])
 def test_rule(sources, tmp_path, role, key, vtype, value, fragment):
@@ -126,7 +127,7 @@ def test_the_bundled_pair_and_every_rule_key_pass(sources):
     for src in sources.values():
         assert header_problems(read_header(src.path)) == []
     # every rule names a key llama.cpp's loaders read (a typo would check nothing)
-    assert "attention.layer_norm_rms_epsilon" in MODEL_RULES and "dflash.block_size" in ARCH_RULES["dflash-draft"]
+    assert K.suffix(K.RMS_EPS) in MODEL_RULES and K.suffix(K.BLOCK_SIZE) in ARCH_RULES[K.ARCH]
 
 
 def test_a_missing_required_key_is_named(sources, tmp_path):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.engine import Engine, EngineConfig, GenerateOptions
-from runtime.llama import Context, ContextParams, LlamaError, Model, microbatch_for_window
-from runtime.sampling import Sampler, SamplingParams
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.runtime.llama import Context, ContextParams, LlamaError, Model, microbatch_for_window
+from laguna_dflash.runtime.sampling import Sampler, SamplingParams
 
 from test_engine import PROMPT, make_drafter
 
@@ -68,7 +68,7 @@ def test_fast_paths_refuse_what_decode_refuses(target):
 def test_gathered_injection_equals_copied_features(target, drafter_gguf):
     """inject_captured (target capture buffers -> drafter batch, no copy in between) leaves the
     drafter in the state inject(captured_features()) does: the same next draft logits."""
-    from runtime.drafter import Drafter
+    from laguna_dflash.runtime.drafter import Drafter
 
     tokens = PROMPT[:30]
     drafts = []
@@ -91,7 +91,7 @@ def test_gathered_injection_equals_copied_features(target, drafter_gguf):
 
 
 def test_queued_plain_step_rows_are_the_captured_rows(target, drafter_gguf):
-    from runtime.drafter import Drafter
+    from laguna_dflash.runtime.drafter import Drafter
 
     with ctx_for(target) as t:
         d = Drafter(drafter_gguf, t, kv_type="f32")

@@ -19,10 +19,10 @@ import pytest
 
 from check_ik_interop import (IkFailed, compare, ik_bin_dir, ik_named_copy, legacy_norm_tensors, renamed_copy, run_ik,
                               run_ours)
-from runtime import assets
+from laguna_dflash.runtime import assets
 
 N_MAX, N_PREDICT, THREADS = 4, 64, 2
-PROMPT = 1  # of scripts/prompts/code.txt
+PROMPT = 1  # of runtime/assets/prompts/code.txt
 ACCEPTANCE_TOLERANCE = 0.10  # relative, on the accepted drafts of the generation
 
 needs_ik = pytest.mark.skipif(ik_bin_dir() is None, reason="no ik_llama.cpp build (scripts/build_peer.sh)")

@@ -13,12 +13,13 @@ from convert_fixtures import read_gguf, run_cli
 from gguf import GGMLQuantizationType
 from poolside_fixture import write_poolside_gguf
 
-from convert import converter, mapping
-from convert.poolside import native_drafter_path, prepare
-from convert.quantize import OutType
-from convert.target import read_target
-from runtime import assets
-from runtime.cli import main
+from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert import converter, mapping
+from laguna_dflash.convert.poolside import native_drafter_path, prepare
+from laguna_dflash.convert.quantize import OutType
+from laguna_dflash.convert.target import read_target
+from laguna_dflash.runtime import assets
+from laguna_dflash.runtime.cli import main
 
 HF, TARGET = assets.TINY_DRAFTER_HF, assets.TINY_TARGET
 PROMPT = assets.read_prompts(assets.CODE_PROMPTS)[0]
@@ -65,7 +66,7 @@ def test_target_layers_shift_back_and_aux_norm_splits(files, target, tmp_path):
     assert job.pf.stored_layers == (2, 10, 18, 24)
     job.write(tmp_path / "out.gguf")
     out = read_gguf(tmp_path / "out.gguf")
-    assert list(out.kv["dflash-draft.dflash.target_layer_ids"]) == [1, 9, 17, 23]
+    assert list(out.kv[K.TARGET_LAYER_IDS]) == [1, 9, 17, 23]
     aux = read_gguf(files["poolside-bf16"]).tensors["enc.aux_norm.weight"][2]
     assert len({aux[i].tobytes() for i in range(4)}) == 4  # four different rows, so a mix-up shows
     for i in range(4):

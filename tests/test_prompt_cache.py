@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime import assets
-from runtime.chat_template import ChatTemplate
-from runtime.engine import Engine, EngineConfig, GenerateOptions
-from runtime.llama import Model
-from runtime.sampling import SamplingParams
+from laguna_dflash.runtime import assets
+from laguna_dflash.runtime.chat_template import ChatTemplate
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.runtime.llama import Model
+from laguna_dflash.runtime.sampling import SamplingParams
 from server_harness import TEMPLATE
 from test_engine import WINDOW, make_drafter
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime import rpc
-from runtime.cli import main as cli_main
-from runtime.engine import Engine, EngineConfig, GenerateOptions
-from runtime.rpc_server import main as rpc_server_main
+from laguna_dflash.runtime import rpc
+from laguna_dflash.runtime.cli import main as cli_main
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.runtime.rpc_server import main as rpc_server_main
 
 REPO = Path(__file__).resolve().parent.parent
 PROMPT = [int(t) for t in np.random.default_rng(7).integers(16, 512, size=40)]
@@ -38,7 +38,7 @@ def free_port() -> int:
 
 def server_command() -> list[str]:
     script = Path(sys.executable).parent / "laguna-rpc-server"  # the console script pip installed
-    return [str(script)] if script.exists() else [sys.executable, "-m", "runtime.rpc_server"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "laguna_dflash.runtime.rpc_server"]
 
 
 @contextlib.contextmanager
@@ -92,7 +92,7 @@ def config(**kw) -> EngineConfig:
 
 
 def outputs(target, drafter, cfg: EngineConfig) -> dict:
-    from runtime.llama import set_verbose
+    from laguna_dflash.runtime.llama import set_verbose
 
     try:
         with Engine.load(target, drafter, cfg) as eng:
@@ -109,7 +109,7 @@ def local(pair):
 def test_the_wheel_has_the_rpc_backend_and_its_server():
     assert rpc.supported(), "llama-cpp-python lacks the RPC backend or patch 0022: rebuild with build_wheel.py"
     assert rpc.client_version()[0] >= 7
-    from runtime.rpc_server import server_binary
+    from laguna_dflash.runtime.rpc_server import server_binary
 
     assert os.access(server_binary(), os.X_OK)
 
@@ -150,12 +150,12 @@ def test_drafter_on_the_servers_too_equals_local(pair, servers, local):
 
 
 def test_unreachable_server_is_one_line_and_exit_2_before_any_model(pair, monkeypatch, capsys):
-    import runtime.engine
+    import laguna_dflash.runtime.engine
 
     def no_model(*a, **k):
         raise AssertionError("a model was loaded before the RPC servers were checked")
 
-    monkeypatch.setattr(runtime.engine, "Model", no_model)
+    monkeypatch.setattr(laguna_dflash.runtime.engine, "Model", no_model)
     port = free_port()  # nothing listens there
     code = cli_main(["-m", str(pair[0]), "-md", str(pair[1]), "-p", "x", "-n", "2", "--rpc", f"127.0.0.1:{port}"])
     err = capsys.readouterr().err.strip().splitlines()
@@ -267,7 +267,7 @@ def test_a_server_that_stops_answering_is_lost_after_the_timeout_not_waited_for(
 def test_the_server_mode_answers_503_after_a_lost_backend_and_keeps_serving(pair):
     import httpx
 
-    from runtime.server.pool import load_pool
+    from laguna_dflash.runtime.server.pool import load_pool
     from server_harness import LiveServer
 
     with rpc_servers(1) as (endpoints, procs):
@@ -294,7 +294,7 @@ def test_the_server_mode_answers_503_after_a_lost_backend_and_keeps_serving(pair
 
 
 def test_a_server_memory_cap_refuses_the_load_instead_of_aborting(pair):
-    from runtime.llama import LlamaError
+    from laguna_dflash.runtime.llama import LlamaError
 
     with rpc_servers(1, "--mem", "1") as (endpoints, _):  # 1 MiB: less than the tiny target's layers
         with pytest.raises(LlamaError, match="refused to load"):

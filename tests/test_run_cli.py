@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from convert.errors import UserError
-from runtime.cli import main
-from runtime.placement import ALL_LAYERS, resolve
+from laguna_dflash.convert.errors import UserError
+from laguna_dflash.runtime.cli import main
+from laguna_dflash.runtime.placement import ALL_LAYERS, resolve
 from test_engine import make_drafter
 
 

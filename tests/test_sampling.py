@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from runtime.sampling import Sampler, SamplingParams
+from laguna_dflash.runtime.sampling import Sampler, SamplingParams
 
 
 def test_greedy_takes_the_argmax_without_copying():
@@ -49,7 +49,7 @@ def test_bad_parameters_are_refused():
 
 def test_top_k_candidates_are_the_head_of_a_stable_sort():
     """The partial selection keeps what a full stable descending sort gives, ties included."""
-    from runtime.sampling import _top_k
+    from laguna_dflash.runtime.sampling import _top_k
 
     rng = np.random.default_rng(1)
     for trial in range(50):

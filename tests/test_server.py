@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,12 +23,12 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from convert.poolside import native_drafter_path  # noqa: E402
-from runtime import assets  # noqa: E402
-from runtime.chat_template import ChatTemplate  # noqa: E402
-from runtime.cli import main as cli_main  # noqa: E402
-from runtime.engine import Engine, EngineConfig, GenerateOptions  # noqa: E402
-from runtime.llama import Model  # noqa: E402
+from laguna_dflash.convert.poolside import native_drafter_path  # noqa: E402
+from laguna_dflash.runtime import assets  # noqa: E402
+from laguna_dflash.runtime.chat_template import ChatTemplate  # noqa: E402
+from laguna_dflash.runtime.cli import main as cli_main  # noqa: E402
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions  # noqa: E402
+from laguna_dflash.runtime.llama import Model  # noqa: E402
 from server_harness import TEMPLATE, LiveServer, make_pool  # noqa: E402
 
 PROMPTS = [p[:160] for p in assets.read_prompts(assets.CODE_PROMPTS)]
@@ -448,9 +449,9 @@ def test_laguna_run_serve_starts_answers_and_stops_on_ctrl_c(tmp_path):
 
     template = tmp_path / "chat.jinja"
     template.write_text(TEMPLATE)
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.cli", "serve", "--port", "0", "-c", "1024", "-t", "1",
+    proc = subprocess.Popen([sys.executable, "-m", "laguna_dflash.runtime.cli", "serve", "--port", "0", "-c", "1024", "-t", "1",
                              "--chat-template-file", str(template), "--api-key", "sekret-xyz"],
-                            stderr=subprocess.PIPE, text=True, cwd=assets.REPO)
+                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stderr], daemon=True).start()
     seen = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.llama import Context, ContextParams, LlamaError, Model
+from laguna_dflash.runtime.llama import Context, ContextParams, LlamaError, Model
 
 LOGIT_TOL = 1e-4
 RESIDUAL_TOL = 1e-4

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from runtime.tuner import EXPLOIT_REACH, AutoDepth, FixedDepth
+from laguna_dflash.runtime.tuner import EXPLOIT_REACH, AutoDepth, FixedDepth
 
 MAX_DEPTH = 15
 

@@ -24,13 +24,13 @@ import statistics
 
 import pytest
 
-from runtime import assets
-from runtime.replay import (Judgement, Recording, choice_quality, judge, judge_stream, prompt_order,
+from laguna_dflash.runtime import assets
+from tuning.replay import (RECORDED, Judgement, Recording, choice_quality, judge, judge_stream, prompt_order,
                             ratio_over_repeats, repeat_interval, replay, settle_round)
-from runtime.tuner import AutoDepth, DepthPolicy, FixedDepth
+from laguna_dflash.runtime.tuner import AutoDepth, DepthPolicy, FixedDepth
 
-RECORDINGS = {"busy": assets.TINY_DIR / "replay.json", "calm": assets.TINY_DIR / "replay-calm.json",
-              "gpu": assets.TINY_DIR / "replay-cuda.json", "stair": assets.TINY_DIR / "replay-stair.json"}
+RECORDINGS = {"busy": RECORDED / "replay.json", "calm": RECORDED / "replay-calm.json",
+              "gpu": RECORDED / "replay-cuda.json", "stair": RECORDED / "replay-stair.json"}
 SEEDS = 12
 
 
@@ -103,7 +103,7 @@ def test_replay_charges_the_catch_up_of_the_capture_horizon_only():
 
 # Issue 7's code line (0.95 of the best fixed depth, choices after round 64 as good) holds on
 # the calm clock. On the busy one, whose round times reach 7x their median, the tuner's cost
-# estimates are noisier than any fixed depth's speed: 0.954 over 40 orders (docs/autotune.md),
+# estimates are noisier than any fixed depth's speed: 0.954 over 40 orders (docs/autotune-replay.md),
 # held here as a regression bound, not as the line; on the GPU clock 0.938. The stair clock holds
 # the line (0.969 over 40 orders, the worst 0.884).
 CODE_BOUNDS = {"calm": (0.95, 0.88, 0.95), "busy": (0.92, 0.85, 0.93), "gpu": (0.90, 0.80, 0.94),
@@ -148,13 +148,13 @@ def lag_one_correlation(x: list[float]) -> float:
 
 def test_drift_makes_successive_rounds_alike_without_widening_the_spread(rec):
     """A shared machine's round times drift (live, depth 4 on code: lag-one correlation 0.6,
-    docs/autotune.md); the replay splits the recorded spread into a slow factor and a fast one.
+    docs/journal/autotune.md); the replay splits the recorded spread into a slow factor and a fast one.
     Every depth costs the same here, so a round's time is its noise draw alone: two policies
     meet the same draws round by round, and the slow factor only correlates them."""
     import dataclasses
     import math
 
-    from scripts.record_acceptance import Scripted  # a fixed depth that keeps every round's report
+    from record_acceptance import Scripted  # a fixed depth that keeps every round's report
 
     flat = Recording(**{**rec.__dict__, "round_s": [1.0] * 16, "plain_skip_s": 1.0, "depth_change_s": 0.0,
                         "catchup_s": 0.0, "catchup_per_row_s": 0.0})
@@ -187,7 +187,7 @@ def test_the_recorder_measures_drift_from_the_round_times():
 
     import numpy as np
 
-    from scripts.record_acceptance import drift
+    from record_acceptance import drift
 
     rng = np.random.default_rng(0)
     runs, flat = [], []
@@ -230,7 +230,7 @@ def test_each_prompt_can_run_on_its_own_clock():
 def test_one_tuner_follows_code_then_tables_then_prose(clock):
     """As the live sweep runs it: one tuner through the three prompt files in turn. Prose after
     tables is the weak part on the calm clock (0.93 over 40 orders; live 0.89): the tuner stays
-    near the tables' depth (docs/autotune.md). Regression bounds."""
+    near the tables' depth (docs/autotune-replay.md). Regression bounds."""
     recs = {n: Recording.load(RECORDINGS[clock], costs_of=n) for n in ("code", "table", "prose")}
     parts = judge_stream(AutoDepth, recs, SEEDS)
     for name, ratios in parts.items():

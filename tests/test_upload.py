@@ -14,14 +14,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from convert import model_card, upload as up  # noqa: E402
-from convert.errors import UserError  # noqa: E402
-from convert.model_card import BenchResults, BenchRow, GGUFInfo, build_model_card, pair_target, parse_bench  # noqa: E402
-from tests.hub_standin import HubStandIn  # noqa: E402
+from laguna_dflash.convert import gguf_keys as K  # noqa: E402
+from laguna_dflash.convert import model_card, upload as up  # noqa: E402
+from laguna_dflash.convert.errors import UserError  # noqa: E402
+from laguna_dflash.convert.model_card import BenchResults, BenchRow, GGUFInfo, build_model_card, pair_target, parse_bench  # noqa: E402
+from hub_standin import HubStandIn  # noqa: E402
 
 # Deliberately not shaped like a real token (hf_...), so only exact-token scrubbing can hide it.
 TOKEN = "standin-secret-7f3a9c2e41"
@@ -45,7 +42,7 @@ def write_drafter(
     seed: int = 0,
 ) -> Path:
     """A tiny drafter GGUF with the keys our converter writes (SPEC §5a), not a working model."""
-    arch = "dflash-draft"
+    arch = K.ARCH
     w = gguf.GGUFWriter(str(path), arch)
     w.add_string("general.name", "Laguna XS 2.1 DFlash")
     w.add_string("general.basename", "Laguna-XS-2.1-DFlash")
@@ -54,16 +51,16 @@ def write_drafter(
         w.add_string("general.source.huggingface.repository", source)
     if license:
         w.add_string("general.license", license)
-    w.add_bool(f"{arch}.dflash.laguna", True)
-    w.add_uint32(f"{arch}.dflash.block_size", 16)
-    w.add_uint32(f"{arch}.dflash.mask_token_id", 12)
-    w.add_array(f"{arch}.dflash.target_layer_ids", layer_ids)
-    w.add_uint32(f"{arch}.block_count", 2)
-    w.add_uint32(f"{arch}.embedding_length", n_embd)
+    w.add_bool(K.DFLASH_LAGUNA, True)
+    w.add_uint32(K.BLOCK_SIZE, 16)
+    w.add_uint32(K.MASK_TOKEN_ID, 12)
+    w.add_array(K.TARGET_LAYER_IDS, layer_ids)
+    w.add_uint32(K.BLOCK_COUNT, 2)
+    w.add_uint32(K.EMBEDDING_LENGTH, n_embd)
     if target_name:
-        w.add_string(f"{arch}.dflash.target_name", target_name)
+        w.add_string(K.TARGET_NAME, target_name)
     if target_n_layer is not None:
-        w.add_uint32(f"{arch}.dflash.target_n_layer", target_n_layer)
+        w.add_uint32(K.TARGET_N_LAYER, target_n_layer)
     rng = np.random.default_rng(seed)
     for name in ("dflash_fc.weight", "blk.0.attn_q.weight", "blk.1.attn_q.weight"):
         m = rng.standard_normal((n_embd, n_embd)).astype(np.float32)
@@ -111,7 +108,7 @@ def info(**kw) -> GGUFInfo:
         filename="drafter-Q8_0.gguf",
         size=123456,
         sha256="ab" * 32,
-        architecture="dflash-draft",
+        architecture=K.ARCH,
         file_type=7,
         tensor_types=(("Q8_0", 49), ("F32", 23)),
         block_count=5,
@@ -312,7 +309,7 @@ def test_parse_bench_rejects_malformed_input_on_one_line(data, where):
 
 def test_inspect_gguf_reads_what_the_card_needs(drafter):
     i = up.inspect_gguf(drafter)
-    assert i.architecture == "dflash-draft" and i.is_drafter and i.laguna is True
+    assert i.architecture == K.ARCH and i.is_drafter and i.laguna is True
     assert i.file_type == 7 and dict(i.tensor_types) == {"Q8_0": 3, "F32": 2}
     assert i.target_layer_ids == tuple(XS_IDS) and i.block_size == 16 and i.mask_token_id == 12
     assert i.source_repo == "poolside/Laguna-XS-2.1-DFlash" and i.license == "apache-2.0"
@@ -531,13 +528,13 @@ def test_end_to_end_in_a_fresh_process(hub, drafter, tmp_path):
 
     script = (
         "import sys, typer\n"
-        "from convert import upload\n"
+        "from laguna_dflash.convert import upload\n"
         "app = typer.Typer()\n"
         "upload.register(app)\n"
         "app.command('noop')(lambda: None)\n"
         "app(sys.argv[1:])\n"
     )
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     run = subprocess.run(
         [sys.executable, "-c", script, "upload", "me/fresh", str(drafter)],
         env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path,

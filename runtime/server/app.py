@@ -29,7 +29,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from convert.errors import UserError
+from ...convert.errors import UserError
 
 from ..chat_template import TEMPLATE_KEY, ChatTemplate
 from ..engine import GenerateOptions

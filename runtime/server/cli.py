@@ -13,8 +13,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from convert.errors import UserError
-from convert.poolside import native_drafter_path
+from ...convert.errors import UserError
+from ...convert.poolside import native_drafter_path
 
 from .. import assets
 from ..cli import (BatchOpt, CacheOpt, CtxOpt, DeviceOpt, DraftDeviceOpt, DraftOpt, DraftRpcOpt, ForceOpt, ModelOpt,

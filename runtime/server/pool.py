@@ -335,7 +335,7 @@ class SlotPool:
 def load_pool(target_path: str | Path, drafter_path: str | Path | None, config: EngineConfig,
               parallel: int = 1, max_queue: int = 16, metrics: Metrics | None = None) -> SlotPool:
     """Load the target and the drafter once and make ``parallel`` engines over them."""
-    from convert.poolside import native_drafter_path
+    from ...convert.poolside import native_drafter_path
 
     from ..llama import set_verbose
 

@@ -26,10 +26,8 @@ DFlash specifics (vLLM ``laguna_dflash.py`` semantics):
 * the sliding window is per query over ``[context cache | block]``: a query at position
   ``p`` sees a key at position ``j`` iff ``j <= p`` and ``p - j < sliding_window``
   (this also makes the block causal). Full-attention layers drop the second condition.
-* ``layer_types`` is uniform (all sliding or all full); the RoPE parameters of that layer
-  type are vLLM's ``_resolve_rope_params``: ``swa_rope_parameters`` (sliding layers), else
-  ``rope_parameters`` (flat, or nested by layer type with ``full_attention`` as fallback),
-  then the top-level ``rope_theta`` / ``partial_rotary_factor`` for what those leave unset.
+* the config and the checkpoint's key set are read by the converter's contract
+  (:mod:`laguna_dflash.convert.checkpoint`), so this reference cannot read a config differently from it.
 
 Public API: :func:`load_drafter`, :class:`DrafterWeights`, :class:`DrafterReference`.
 """
@@ -45,6 +43,9 @@ from typing import Sequence
 
 import numpy as np
 
+from laguna_dflash.convert.checkpoint import DrafterConfig as CheckpointConfig
+from laguna_dflash.convert.checkpoint import parse_config, sanitize_keys
+
 #: The dtype of every computation in this module.
 DTYPE = np.float64
 
@@ -53,10 +54,8 @@ __all__ = [
     "DrafterConfig",
     "DrafterWeights",
     "DrafterReference",
-    "expected_shapes",
     "load_drafter",
     "read_safetensors",
-    "resolve_rope_parameters",
     "rms_norm",
     "rope_neox",
     "sanitize_tensors",
@@ -132,6 +131,7 @@ class DrafterConfig:
     num_target_layers: int
     gating: str = "per-head"
     rotary_dim: int | None = None  # None: every head dim
+    contract: CheckpointConfig | None = None
 
     @property
     def q_size(self) -> int:
@@ -147,154 +147,34 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "DrafterConfig":
-        """Read the SPEC §2 fields. Only what changes the math is checked here."""
-        n_layers = int(cfg["num_hidden_layers"])
-        dfl = cfg.get("dflash_config") or {}
-        if dfl.get("causal", True) is not True:
-            raise ValueError("dflash_config.causal must be true (the reference only does causal blocks)")
-        gating = cfg.get("gating", True)
-        gating = {True: "per-head", False: "disabled"}.get(gating, gating) if isinstance(gating, bool) else gating
-        if gating not in ("per-head", "per-element", "disabled"):
-            raise ValueError(f"gating must be per-head, per-element or disabled, got {gating!r}")
-        if cfg.get("attention_bias", False):
-            raise ValueError("attention_bias must be false")
-        if int(cfg.get("num_experts", 0) or 0) != 0:
-            raise ValueError("num_experts must be 0 (the drafter MLP is dense)")
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"hidden_act must be 'silu', got {act!r}")
-        layer_types = cfg.get("layer_types")
-        if layer_types is None or len(layer_types) != n_layers:
-            raise ValueError(f"layer_types must list {n_layers} layer types, got {layer_types!r}")
-        if len(set(layer_types)) != 1 or layer_types[0] not in ("sliding_attention", "full_attention"):
-            raise ValueError(f"layer_types must be all sliding_attention or all full_attention, got {layer_types!r}")
-        layer_type = layer_types[0]
-        if layer_type == "sliding_attention":
-            windows = cfg.get("sliding_windows")
-            if windows is None:
-                windows = [int(cfg["sliding_window"])] * n_layers
-            windows = [int(w) for w in windows]
-            if len(windows) != n_layers:
-                raise ValueError(f"sliding_windows has {len(windows)} entries for {n_layers} layers")
-        else:
-            windows = [None] * n_layers
-
-        rope = resolve_rope_parameters(cfg, layer_type)
-        theta = rope.get("rope_theta")
-        if theta is None:
-            raise ValueError("rope_theta missing from config")
-        if rope.get("rope_type", rope.get("type", "default")) != "default":
-            raise ValueError(f"rope_type must be 'default', got {rope.get('rope_type')!r}")
-        head_dim = int(cfg["head_dim"])
-        partial = float(rope.get("partial_rotary_factor", 1.0))
-        rotary_dim = int(head_dim * partial)
-        if not (0 < partial <= 1 and rotary_dim >= 2 and rotary_dim % 2 == 0):
-            raise ValueError(f"partial_rotary_factor {partial} does not rotate an even number of the {head_dim} dims")
-
-        dvs = cfg.get("draft_vocab_size")
-        if dvs is not None and int(dvs) != int(cfg["vocab_size"]):
-            raise ValueError(f"draft_vocab_size {dvs} != vocab_size {cfg['vocab_size']}")
-
-        ids = [int(t) for t in dfl.get("target_layer_ids", [])]
-        if not ids:
-            raise ValueError("dflash_config.target_layer_ids is empty")
-
+        """The config as the converter parses it (``laguna_dflash.convert.checkpoint``: SPEC §2, vLLM's semantics)."""
+        c = parse_config(cfg, Path("config.json"))
         return cls(
-            hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=n_layers,
-            num_heads=int(cfg["num_attention_heads"]),
-            num_kv_heads=int(cfg["num_key_value_heads"]),
-            head_dim=head_dim,
-            rms_norm_eps=float(cfg["rms_norm_eps"]),
-            vocab_size=int(cfg["vocab_size"]),
-            rope_theta=float(theta),
-            sliding_windows=windows,
-            block_size=int(dfl.get("block_size", 16)),
-            mask_token_id=int(dfl.get("mask_token_id", 0)),
-            target_layer_ids=ids,
-            num_target_layers=int(dfl.get("num_target_layers", max(ids) + 1)),
-            gating=gating,
-            rotary_dim=None if rotary_dim == head_dim else rotary_dim,
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_layers=c.num_hidden_layers,
+            num_heads=c.num_attention_heads,
+            num_kv_heads=c.num_key_value_heads,
+            head_dim=c.head_dim,
+            rms_norm_eps=c.rms_norm_eps,
+            vocab_size=c.vocab_size,
+            rope_theta=c.rope_theta,
+            sliding_windows=[c.sliding_window] * c.num_hidden_layers,
+            block_size=c.block_size,
+            mask_token_id=c.mask_token_id,
+            target_layer_ids=list(c.target_layer_ids),
+            num_target_layers=c.num_target_layers,
+            gating=c.gating,
+            rotary_dim=c.rotary_dims,
+            contract=c,
         )
 
 
-def resolve_rope_parameters(cfg: dict, layer_type: str) -> dict:
-    """The flat RoPE parameters of one layer type, in vLLM's order of precedence."""
-    top = cfg.get("rope_parameters") or {}
-    if any(isinstance(v, dict) for v in top.values()):
-        base = top.get(layer_type) or top.get("full_attention") or {}
-    else:
-        base = top
-    swa = cfg.get("swa_rope_parameters")
-    params = dict(swa if layer_type == "sliding_attention" and swa is not None else base)
-    for key in ("partial_rotary_factor", "rope_theta"):
-        if key not in params and cfg.get(key) is not None:
-            params[key] = cfg[key]
-    return params
-
-
-def expected_shapes(c: DrafterConfig) -> dict[str, tuple[int, ...]]:
-    """The exact HF key set of a drafter checkpoint and each tensor's (rows, cols) shape."""
-    H, I = c.hidden_size, c.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {
-        "fc.weight": (H, c.n_aux * H),
-        "hidden_norm.weight": (H,),
-        "norm.weight": (H,),
-    }
-    for i in range(c.n_aux):
-        shapes[f"aux_hidden_norms.{i}.weight"] = (H,)
-    for l in range(c.num_layers):
-        p = f"layers.{l}."
-        shapes[p + "input_layernorm.weight"] = (H,)
-        shapes[p + "post_attention_layernorm.weight"] = (H,)
-        shapes[p + "self_attn.qkv_proj.weight"] = (c.q_size + 2 * c.kv_size, H)
-        shapes[p + "self_attn.o_proj.weight"] = (H, c.q_size)
-        gate_rows = {"per-head": c.num_heads, "per-element": c.q_size, "disabled": 0}[c.gating]
-        if gate_rows:
-            shapes[p + "self_attn.g_proj.weight"] = (gate_rows, H)
-        shapes[p + "self_attn.q_norm.weight"] = (c.head_dim,)
-        shapes[p + "self_attn.k_norm.weight"] = (c.head_dim,)
-        shapes[p + "mlp.gate_proj.weight"] = (I, H)
-        shapes[p + "mlp.up_proj.weight"] = (I, H)
-        shapes[p + "mlp.down_proj.weight"] = (H, I)
-    return shapes
-
-
 def sanitize_tensors(raw: dict[str, np.ndarray], c: DrafterConfig) -> dict[str, np.ndarray]:
-    """Strip a leading ``model.``, fuse split q/k/v, then insist on the exact key set and shapes."""
-    stripped: dict[str, np.ndarray] = {}
-    for name, arr in raw.items():
-        key = name[len("model.") :] if name.startswith("model.") else name
-        if key in stripped:
-            raise ValueError(f"tensor {key!r} is present both with and without the 'model.' prefix")
-        stripped[key] = arr
-
-    for l in range(c.num_layers):
-        p = f"layers.{l}.self_attn."
-        split = [p + f"{n}_proj.weight" for n in ("q", "k", "v")]
-        present = [k in stripped for k in split]
-        if not any(present):
-            continue
-        if p + "qkv_proj.weight" in stripped:
-            raise ValueError(f"layer {l} has both a fused qkv_proj and split q/k/v projections")
-        if not all(present):
-            missing = [k for k, ok in zip(split, present) if not ok]
-            raise ValueError(f"layer {l} has an incomplete split q/k/v set (missing {missing})")
-        parts = [stripped.pop(k) for k in split]
-        if len({p_.shape[1:] for p_ in parts}) != 1:
-            raise ValueError(f"layer {l}: split q/k/v projections disagree past axis 0")
-        stripped[p + "qkv_proj.weight"] = np.concatenate(parts, axis=0)
-
-    shapes = expected_shapes(c)
-    missing = sorted(set(shapes) - set(stripped))
-    extra = sorted(set(stripped) - set(shapes))
-    if missing or extra:
-        raise ValueError(f"drafter key set mismatch: missing={missing} unexpected={extra}")
-    for k, shape in shapes.items():
-        if tuple(stripped[k].shape) != shape:
-            raise ValueError(f"{k}: shape {tuple(stripped[k].shape)} does not match config {shape}")
-    return {k: np.asarray(v, dtype=DTYPE) for k, v in stripped.items()}
+    """The canonical tensors by the converter's sanitising rules, split q/k/v stacked, as float64."""
+    source = Path("model.safetensors")
+    stored = sanitize_keys({k: v.shape for k, v in raw.items()}, c.contract, {k: source for k in raw}, source)
+    return {name: np.concatenate([raw[k] for k in keys], axis=0).astype(DTYPE) for name, keys in stored.items()}
 
 
 @dataclasses.dataclass

@@ -23,7 +23,11 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .tuner import DepthPolicy, FixedDepth, capture_horizon
+from laguna_dflash.runtime.drafter import capture_horizon
+from laguna_dflash.runtime.tuner import DepthPolicy, FixedDepth
+
+#: The recorded rounds of the bundled pair (scripts/record_acceptance.py writes them).
+RECORDED = Path(__file__).resolve().parent / "recordings"
 
 
 @dataclass

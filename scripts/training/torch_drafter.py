@@ -33,15 +33,18 @@ try:
     from torch import Tensor, nn
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "runtime.torch_drafter needs PyTorch (pip install 'laguna-dflash[test]'); "
-        "the inference runtime does not import this module"
+        "training.torch_drafter needs PyTorch (pip install 'laguna-dflash[test]'); "
+        "laguna-run does not import this module"
     ) from exc
+
+from laguna_dflash.convert.checkpoint import DrafterConfig, expected_tensors, parse_config, sanitize_keys
+from laguna_dflash.convert.errors import ContractError
 
 __all__ = [
     "LagunaDFlashDrafter",
     "RMSNorm",
     "build_window_mask",
-    "expected_state_shapes",
+    "expected_tensors",
     "parse_drafter_config",
     "sanitize_state_dict",
 ]
@@ -73,145 +76,21 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 # --------------------------------------------------------------------------------------
-# config
+# config and checkpoint: the contract's (laguna_dflash.convert.checkpoint), not a copy of it
 # --------------------------------------------------------------------------------------
 
 
-def parse_drafter_config(cfg: dict) -> dict:
-    """Validate the fields the forward depends on and return them resolved (plain ints/floats)."""
-    n_layers = int(cfg["num_hidden_layers"])
-    dfl = cfg.get("dflash_config") or {}
-    ids = [int(t) for t in dfl.get("target_layer_ids", [])]
-    if not ids:
-        raise ValueError("dflash_config.target_layer_ids must not be empty")
-    if any(b <= a for a, b in zip(ids, ids[1:])):
-        raise ValueError(f"dflash_config.target_layer_ids must be strictly increasing, got {ids}")
-    n_target = dfl.get("num_target_layers")
-    if n_target is not None and max(ids) >= int(n_target):
-        raise ValueError(f"dflash_config.target_layer_ids {ids} must be < num_target_layers {n_target}")
-    if dfl.get("causal", True) is not True:
-        raise ValueError("dflash_config.causal must be true")
-    gating = cfg.get("gating", "per-head")
-    if not (gating is True or gating == "per-head"):
-        raise ValueError(f"gating must be 'per-head', got {gating!r}")
-    if cfg.get("attention_bias", False):
-        raise ValueError("attention_bias must be false")
-    if int(cfg.get("num_experts", 0) or 0) != 0:
-        raise ValueError("num_experts must be 0")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act must be 'silu', got {cfg.get('hidden_act')!r}")
-    layer_types = cfg.get("layer_types") or ["sliding_attention"] * n_layers
-    if len(layer_types) != n_layers or any(t != "sliding_attention" for t in layer_types):
-        raise ValueError(f"layer_types must be ['sliding_attention'] * {n_layers}, got {layer_types!r}")
-    windows = cfg.get("sliding_windows")
-    if windows is None:
-        windows = [int(cfg["sliding_window"])] * n_layers
-    windows = [int(w) for w in windows]
-    if len(windows) != n_layers:
-        raise ValueError(f"sliding_windows has {len(windows)} entries for {n_layers} layers")
-    if any(w < 1 for w in windows):
-        raise ValueError(f"sliding_windows must be positive, got {windows}")
-    vocab = int(cfg["vocab_size"])
-    dvs = cfg.get("draft_vocab_size")
-    if dvs is not None and int(dvs) != vocab:
-        raise ValueError(f"draft_vocab_size {dvs} must equal vocab_size {vocab}")
-    # sliding-layer RoPE, vLLM's precedence: swa_rope_parameters > rope_parameters (flat or
-    # keyed by layer type) > top-level rope_theta / partial_rotary_factor
-    rope = cfg.get("swa_rope_parameters")
-    if rope is None:
-        rope = cfg.get("rope_parameters") or {}
-        if any(isinstance(v, dict) for v in rope.values()):
-            rope = rope.get("sliding_attention") or rope.get("full_attention") or {}
-    theta = rope.get("rope_theta", cfg.get("rope_theta"))
-    if theta is None:
-        raise ValueError("rope_theta is missing")
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"rope_type must be 'default', got {rope.get('rope_type')!r}")
-    if float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
-        raise ValueError("partial_rotary_factor must be 1.0: the drafter ropes all head dims")
-    heads, kv_heads = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
-    if heads % kv_heads:
-        raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-    head_dim = int(cfg["head_dim"])
-    if head_dim % 2:
-        raise ValueError("head_dim must be even for rotate-half RoPE")
-    return dict(
-        hidden_size=int(cfg["hidden_size"]),
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_layers=n_layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        eps=float(cfg["rms_norm_eps"]),
-        vocab_size=vocab,
-        rope_theta=float(theta),
-        sliding_windows=windows,
-        target_layer_ids=ids,
-        block_size=int(dfl.get("block_size", 16)),
-        mask_token_id=int(dfl.get("mask_token_id", 0)),
-    )
+def parse_drafter_config(cfg: dict, source: str | Path = "config.json") -> DrafterConfig:
+    """The drafter config as the converter reads it (every rule of SPEC §2, vLLM's semantics)."""
+    return parse_config(cfg, Path(source))
 
 
-def expected_state_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """The HF key set of a drafter checkpoint with each tensor's shape."""
-    p = parse_drafter_config(cfg)
-    H, I, hd = p["hidden_size"], p["intermediate_size"], p["head_dim"]
-    q, kv = p["num_heads"] * hd, p["num_kv_heads"] * hd
-    n_aux = len(p["target_layer_ids"])
-    out: dict[str, tuple[int, ...]] = {"fc.weight": (H, n_aux * H), "hidden_norm.weight": (H,), "norm.weight": (H,)}
-    for i in range(n_aux):
-        out[f"aux_hidden_norms.{i}.weight"] = (H,)
-    for l in range(p["num_layers"]):
-        b = f"layers.{l}."
-        out.update(
-            {
-                b + "input_layernorm.weight": (H,),
-                b + "post_attention_layernorm.weight": (H,),
-                b + "self_attn.qkv_proj.weight": (q + 2 * kv, H),
-                b + "self_attn.o_proj.weight": (H, q),
-                b + "self_attn.g_proj.weight": (p["num_heads"], H),
-                b + "self_attn.q_norm.weight": (hd,),
-                b + "self_attn.k_norm.weight": (hd,),
-                b + "mlp.gate_proj.weight": (I, H),
-                b + "mlp.up_proj.weight": (I, H),
-                b + "mlp.down_proj.weight": (H, I),
-            }
-        )
-    return out
-
-
-def sanitize_state_dict(state: dict[str, Tensor], cfg: dict) -> dict[str, Tensor]:
-    """Strip ``model.``, fuse split q/k/v (q, k, v row order), check the exact key set and shapes."""
-    out: dict[str, Tensor] = {}
-    for name, t in state.items():
-        key = name.removeprefix("model.")
-        if key in out:
-            raise ValueError(f"tensor {key!r} is present both with and without the 'model.' prefix")
-        out[key] = t
-    n_layers = int(cfg["num_hidden_layers"])
-    for l in range(n_layers):
-        b = f"layers.{l}.self_attn."
-        names = [f"{b}{x}_proj.weight" for x in "qkv"]
-        have = [n in out for n in names]
-        if not any(have):
-            continue
-        if b + "qkv_proj.weight" in out:
-            raise ValueError(f"layer {l}: both fused qkv_proj and split q/k/v projections present")
-        if not all(have):
-            missing = [n for n, h in zip(names, have) if not h]
-            raise ValueError(f"layer {l}: incomplete split q/k/v set (missing {missing})")
-        parts = [out.pop(n) for n in names]
-        if len({tuple(t.shape[1:]) for t in parts}) != 1:
-            raise ValueError(f"layer {l}: split q/k/v projections disagree past axis 0")
-        out[b + "qkv_proj.weight"] = torch.cat(parts, dim=0)
-    shapes = expected_state_shapes(cfg)
-    missing, extra = sorted(set(shapes) - set(out)), sorted(set(out) - set(shapes))
-    if missing or extra:
-        raise ValueError(f"drafter key set mismatch: missing={missing} unexpected={extra}")
-    for k, s in shapes.items():
-        if tuple(out[k].shape) != s:
-            raise ValueError(f"{k}: shape {tuple(out[k].shape)} does not match the config's {s}")
-    return out
+def sanitize_state_dict(state: dict[str, Tensor], cfg: DrafterConfig) -> dict[str, Tensor]:
+    """The canonical state dict (the converter's sanitising rules): split q/k/v stacked by rows."""
+    stored = sanitize_keys({k: tuple(v.shape) for k, v in state.items()}, cfg,
+                           {k: cfg.source for k in state}, cfg.source)
+    return {name: state[keys[0]] if len(keys) == 1 else torch.cat([state[k] for k in keys], dim=0)
+            for name, keys in stored.items()}
 
 
 # --------------------------------------------------------------------------------------
@@ -238,39 +117,46 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """NeoX RoPE on all dims. ``x``: [B, S, heads, hd]; ``positions``: [B, S] integer."""
-    hd = x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64, device=x.device) / hd)
-    angles = positions.to(torch.float64)[..., None] * inv_freq  # [B, S, hd/2]
-    emb = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [B, S, 1, hd]
+def _rope(x: Tensor, positions: Tensor, theta: float, rotary_dims: int | None = None) -> Tensor:
+    """NeoX RoPE on the first ``rotary_dims`` dims of each head (all when None); the rest pass through.
+
+    ``x``: [B, S, heads, hd]; ``positions``: [B, S] integer.
+    """
+    rot = x.shape[-1] if rotary_dims is None else rotary_dims
+    inv_freq = theta ** (-torch.arange(0, rot, 2, dtype=torch.float64, device=x.device) / rot)
+    angles = positions.to(torch.float64)[..., None] * inv_freq  # [B, S, rot/2]
+    emb = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # [B, S, 1, rot]
     cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    return x * cos + _rotate_half(x) * sin
+    head, rest = x[..., :rot], x[..., rot:]
+    return torch.cat((head * cos + _rotate_half(head) * sin, rest), dim=-1)
 
 
 def build_window_mask(
-    query_positions: Tensor, key_positions: Tensor, window: int, key_valid: Tensor | None = None
+    query_positions: Tensor, key_positions: Tensor, window: int | None, key_valid: Tensor | None = None
 ) -> Tensor:
-    """Bool [B, Lq, Lk], True where the query may attend: ``j <= p`` and ``p - j < window``."""
+    """Bool [B, Lq, Lk], True where the query may attend: ``j <= p`` and ``p - j < window`` (no window: None)."""
     diff = query_positions[:, :, None] - key_positions[:, None, :]
-    mask = (diff >= 0) & (diff < window)
+    mask = diff >= 0
+    if window is not None:
+        mask = mask & (diff < window)
     if key_valid is not None:
         mask = mask & key_valid[:, None, :]
     return mask
 
 
 class DFlashAttention(nn.Module):
-    def __init__(self, p: dict) -> None:
+    def __init__(self, c: DrafterConfig) -> None:
         super().__init__()
-        H, hd = p["hidden_size"], p["head_dim"]
-        self.num_heads, self.num_kv_heads, self.head_dim = p["num_heads"], p["num_kv_heads"], hd
-        self.q_size, self.kv_size = self.num_heads * hd, self.num_kv_heads * hd
-        self.rope_theta = p["rope_theta"]
-        self.qkv_proj = nn.Linear(H, self.q_size + 2 * self.kv_size, bias=False)
+        H, hd = c.hidden_size, c.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, hd
+        self.q_size, self.kv_size = c.q_rows, c.kv_rows
+        self.rope_theta, self.rotary_dims = c.rope_theta, c.rotary_dims
+        self.qkv_proj = nn.Linear(H, c.qkv_rows, bias=False)
         self.o_proj = nn.Linear(self.q_size, H, bias=False)
-        self.g_proj = nn.Linear(H, self.num_heads, bias=False)
-        self.q_norm = RMSNorm(hd, p["eps"])
-        self.k_norm = RMSNorm(hd, p["eps"])
+        # one factor per head, or per element of the attention output; no module when disabled
+        self.g_proj = nn.Linear(H, c.gate_rows, bias=False) if c.gate_rows else None
+        self.q_norm = RMSNorm(hd, c.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, c.rms_norm_eps)
 
     def context_kv(self, c: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """K/V of the (already input-normed) context ``c`` [B, T, H]: each [B, T, n_kv, hd]."""
@@ -278,13 +164,15 @@ class DFlashAttention(nn.Module):
         kv = F.linear(c, self.qkv_proj.weight[self.q_size :])  # q rows are not needed
         k, v = kv.split([self.kv_size, self.kv_size], dim=-1)
         k = self.k_norm(k.view(B, T, self.num_kv_heads, self.head_dim))
-        return _rope(k, positions, self.rope_theta), v.view(B, T, self.num_kv_heads, self.head_dim)
+        return _rope(k, positions, self.rope_theta, self.rotary_dims), v.view(B, T, self.num_kv_heads, self.head_dim)
 
     def forward(self, a: Tensor, positions: Tensor, ctx_k: Tensor, ctx_v: Tensor, mask: Tensor) -> Tensor:
         B, L, _ = a.shape
         q, k, v = self.qkv_proj(a).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = _rope(self.q_norm(q.view(B, L, self.num_heads, self.head_dim)), positions, self.rope_theta)
-        k = _rope(self.k_norm(k.view(B, L, self.num_kv_heads, self.head_dim)), positions, self.rope_theta)
+        q = _rope(self.q_norm(q.view(B, L, self.num_heads, self.head_dim)), positions, self.rope_theta,
+                  self.rotary_dims)
+        k = _rope(self.k_norm(k.view(B, L, self.num_kv_heads, self.head_dim)), positions, self.rope_theta,
+                  self.rotary_dims)
         v = v.view(B, L, self.num_kv_heads, self.head_dim)
 
         keys = torch.cat((ctx_k, k), dim=1).transpose(1, 2)  # [B, n_kv, T+L, hd]
@@ -297,15 +185,17 @@ class DFlashAttention(nn.Module):
         )  # [B, heads, L, hd]
         o = o.transpose(1, 2)  # [B, L, heads, hd]
 
-        gate = F.softplus(self.g_proj(a).to(_acc_dtype(a.dtype))).to(o.dtype)  # [B, L, heads]
-        o = (o * gate[..., None]).reshape(B, L, self.q_size)
-        return self.o_proj(o)
+        if self.g_proj is not None:
+            gate = F.softplus(self.g_proj(a).to(_acc_dtype(a.dtype))).to(o.dtype)  # [B, L, rows]
+            # per head: [B, L, heads, 1]; per element: [B, L, heads, hd] (head-major rows)
+            o = o * gate.view(B, L, self.num_heads, -1)
+        return self.o_proj(o.reshape(B, L, self.q_size))
 
 
 class DFlashMLP(nn.Module):
-    def __init__(self, p: dict) -> None:
+    def __init__(self, c: DrafterConfig) -> None:
         super().__init__()
-        H, I = p["hidden_size"], p["intermediate_size"]
+        H, I = c.hidden_size, c.intermediate_size
         self.gate_proj = nn.Linear(H, I, bias=False)
         self.up_proj = nn.Linear(H, I, bias=False)
         self.down_proj = nn.Linear(I, H, bias=False)
@@ -315,13 +205,13 @@ class DFlashMLP(nn.Module):
 
 
 class DFlashDecoderLayer(nn.Module):
-    def __init__(self, p: dict, window: int) -> None:
+    def __init__(self, c: DrafterConfig) -> None:
         super().__init__()
-        self.window = window
-        self.input_layernorm = RMSNorm(p["hidden_size"], p["eps"])
-        self.post_attention_layernorm = RMSNorm(p["hidden_size"], p["eps"])
-        self.self_attn = DFlashAttention(p)
-        self.mlp = DFlashMLP(p)
+        self.window = c.sliding_window  # None: full attention
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = DFlashAttention(c)
+        self.mlp = DFlashMLP(c)
 
     def forward(self, x: Tensor, positions: Tensor, ctx: Tensor, ctx_positions: Tensor, mask: Tensor) -> Tensor:
         # the context goes through this layer's own input_layernorm before its K/V projection
@@ -347,17 +237,16 @@ def _positions(pos: Tensor | Sequence[int], batch: int, length: int, device: tor
 class LagunaDFlashDrafter(nn.Module):
     """The Laguna DFlash drafter (``DFlashLagunaForCausalLM``) with HF parameter names."""
 
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, source: str | Path = "config.json") -> None:
         super().__init__()
         self.config = json.loads(json.dumps(config))  # private deep copy, JSON-serialisable
-        p = parse_drafter_config(self.config)
-        self.params = p
-        H, n_aux = p["hidden_size"], len(p["target_layer_ids"])
-        self.fc = nn.Linear(n_aux * H, H, bias=False)
-        self.hidden_norm = RMSNorm(H, p["eps"])
-        self.aux_hidden_norms = nn.ModuleList(RMSNorm(H, p["eps"]) for _ in range(n_aux))
-        self.layers = nn.ModuleList(DFlashDecoderLayer(p, w) for w in p["sliding_windows"])
-        self.norm = RMSNorm(H, p["eps"])
+        c = self.contract = parse_drafter_config(self.config, source)
+        H, n_aux, eps = c.hidden_size, len(c.target_layer_ids), c.rms_norm_eps
+        self.fc = nn.Linear(c.n_target_features, H, bias=False)
+        self.hidden_norm = RMSNorm(H, eps)
+        self.aux_hidden_norms = nn.ModuleList(RMSNorm(H, eps) for _ in range(n_aux))
+        self.layers = nn.ModuleList(DFlashDecoderLayer(c) for _ in range(c.num_hidden_layers))
+        self.norm = RMSNorm(H, eps)
         self.reset_parameters(float(self.config.get("initializer_range", 0.02)))
 
     # ---- init / io -------------------------------------------------------------------
@@ -373,11 +262,11 @@ class LagunaDFlashDrafter(nn.Module):
 
     @property
     def hidden_size(self) -> int:
-        return self.params["hidden_size"]
+        return self.contract.hidden_size
 
     @property
     def n_aux(self) -> int:
-        return len(self.params["target_layer_ids"])
+        return len(self.contract.target_layer_ids)
 
     def save_pretrained(self, directory: str | Path, dtype: str | torch.dtype = "bfloat16") -> Path:
         """Write ``config.json`` + ``model.safetensors`` (HF / Poolside layout) in ``dtype``."""
@@ -409,10 +298,10 @@ class LagunaDFlashDrafter(nn.Module):
         for f in files:
             for k, v in load_file(str(f)).items():
                 if k in state:
-                    raise ValueError(f"tensor {k!r} appears in more than one shard")
+                    raise ContractError(f, k, "each tensor in one shard", "a tensor in more than one shard")
                 state[k] = v
-        state = sanitize_state_dict(state, config)
-        model = cls(config)
+        model = cls(config, d / "config.json")
+        state = sanitize_state_dict(state, model.contract)
         dt = _as_dtype(dtype)
         model.load_state_dict({k: v.to(dt) for k, v in state.items()}, strict=True)
         return model.to(device=device, dtype=dt)
