@@ -66,7 +66,8 @@ def pairing_problems(path: Path, drafter: Header, target: TargetFacts) -> list[C
     if len(tokens) != len(target.tokens):
         out.append(ContractError(path, TOKENS, f"{len(target.tokens)} tokens (vocabulary of {who})",
                                  f"{len(tokens)} tokens"))
-    elif (i := next((i for i, (x, y) in enumerate(zip(tokens, target.tokens)) if x != y), None)) is not None:
+    elif list(tokens) != list(target.tokens):  # compared in C; the loop only finds where they part
+        i = next(i for i, (x, y) in enumerate(zip(tokens, target.tokens)) if x != y)
         out.append(ContractError(path, f"{TOKENS}[{i}]", f"{target.tokens[i]!r} (as in {who})", repr(tokens[i])))
     mask = _int(drafter, K.MASK_TOKEN_ID)
     if mask is not None and not 0 <= mask < len(target.tokens):
