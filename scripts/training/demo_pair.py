@@ -97,18 +97,7 @@ TARGET_CONFIG = dict(
     num_experts_per_tok=2,
     moe_intermediate_size=128,
     shared_expert_intermediate_size=256,
-    moe_routed_scaling_factor=1.0,
-    rope_parameters={
-        "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
-    },
-    gating="per-head",
-    rms_norm_eps=1e-6,
-    max_position_embeddings=4096,
-    bos_token_id=tt.EOS_TOKEN_ID,
-    eos_token_id=[tt.EOS_TOKEN_ID, tt.EOT_TOKEN_ID],
-    pad_token_id=0,
-    tie_word_embeddings=False,
+    **tt.LAGUNA_FIXED,
     router_aux_loss_coef=0.01,
 )
 

@@ -40,6 +40,23 @@ MASK_TOKEN_ID = 12
 EOS_TOKEN_ID = 2
 EOT_TOKEN_ID = 13
 
+#: what every Laguna target config made here shares whatever its sizes (the demo pair's too):
+#: Laguna's two RoPE families, per-head gating, and this tokenizer's special tokens
+LAGUNA_FIXED = dict(
+    moe_routed_scaling_factor=1.0,
+    rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+    },
+    gating="per-head",
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    bos_token_id=EOS_TOKEN_ID,
+    eos_token_id=[EOS_TOKEN_ID, EOT_TOKEN_ID],
+    pad_token_id=0,
+    tie_word_embeddings=False,
+)
+
 TINY_CONFIG = dict(
     vocab_size=512,
     hidden_size=64,
@@ -57,18 +74,7 @@ TINY_CONFIG = dict(
     num_experts_per_tok=2,
     moe_intermediate_size=32,
     shared_expert_intermediate_size=48,
-    moe_routed_scaling_factor=1.0,
-    rope_parameters={
-        "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
-    },
-    gating="per-head",
-    rms_norm_eps=1e-6,
-    max_position_embeddings=4096,
-    bos_token_id=EOS_TOKEN_ID,
-    eos_token_id=[EOS_TOKEN_ID, EOT_TOKEN_ID],
-    pad_token_id=0,
-    tie_word_embeddings=False,
+    **LAGUNA_FIXED,
 )
 
 
