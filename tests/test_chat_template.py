@@ -138,3 +138,174 @@ def test_laguna_run_chat_renders_the_prompt(tmp_path, tiny_target, capsys):
     n_prompt = json.loads(capsys.readouterr().out)["stats"]["n_prompt"]
     with Model(tmp_path / "t.gguf") as m:
         assert n_prompt == len(m.tokenize("[user] hi 4"))
+
+
+# ------------------------------------------------------------------ Laguna 2.1's own template
+
+from laguna_chat import (DEFAULT_SYSTEM, HEAD, S21_TEMPLATE_TEXT, TOOL_HISTORY, TOOL_HISTORY_RENDER,  # noqa: E402
+                         WEATHER_TOOL, laguna_template)
+
+OK = [{"role": "user", "content": "Reply with OK."}]
+
+
+def laguna(messages, *, tools=None, add_generation_prompt=True, **kwargs) -> str:
+    return laguna_template().render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                    template_kwargs=kwargs)
+
+
+def test_worked_renders_thinking_off_and_on():  # reference §2.5, hipEngine no_thinking / thinking
+    assert laguna(OK, enable_thinking=False) == HEAD + "<user>Reply with OK.</user>\n<assistant></think>"
+    assert laguna(OK, enable_thinking=True) == HEAD + "<user>Reply with OK.</user>\n<assistant><think>"
+    assert laguna(OK) == laguna(OK, enable_thinking=False)  # XS-2.1's default: off
+
+
+def test_worked_render_tool_history():  # reference §2.5, hipEngine tool_history
+    assert laguna(TOOL_HISTORY, add_generation_prompt=False, enable_thinking=True) == TOOL_HISTORY_RENDER
+
+
+def test_tool_call_arguments_as_an_object_render_as_json_text_does():
+    as_object = [dict(m) for m in TOOL_HISTORY]
+    as_object[1] = {**as_object[1], "tool_calls": [{"type": "function", "function": {
+        "name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]}
+    assert laguna(as_object, add_generation_prompt=False, enable_thinking=True) == TOOL_HISTORY_RENDER
+
+
+def test_worked_renders_thinking_off_history():  # reference §2.5, ollama v8 expectations
+    reasoning_dropped = [{"role": "user", "content": "Q"},
+                         {"role": "assistant", "reasoning": "Hidden plan.", "content": "Answer"}]
+    assert laguna(reasoning_dropped, add_generation_prompt=False) == \
+        HEAD + "<user>Q</user>\n<assistant></think>Answer</assistant>\n"
+    verbatim = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "\nAnswer\n"}]
+    assert laguna(verbatim, add_generation_prompt=False) == \
+        HEAD + "<user>Q</user>\n<assistant></think>\nAnswer\n</assistant>\n"
+
+
+def test_system_block_rules():  # reference §2.2, prefix and system block
+    assert laguna([{"role": "system", "content": "Be terse.  \n"}, *OK]) == \
+        "〈|EOS|〉<system>Be terse.</system>\n<user>Reply with OK.</user>\n<assistant></think>"
+    # an empty or blank leading system message opts out of the default
+    assert laguna([{"role": "system", "content": "  "}, *OK]) == \
+        "〈|EOS|〉<user>Reply with OK.</user>\n<assistant></think>"
+    # ... unless thinking is on (or tools are given): then an empty block
+    assert laguna([{"role": "system", "content": ""}, *OK], enable_thinking=True) == \
+        "〈|EOS|〉<system></system>\n<user>Reply with OK.</user>\n<assistant><think>"
+    # later system messages render in place, not stripped
+    assert laguna([*OK, {"role": "system", "content": " later "}], add_generation_prompt=False) == \
+        HEAD + "<user>Reply with OK.</user>\n<system> later </system>\n"
+
+
+def test_tools_section_rules():  # reference §2.2, tools section: whole tool objects, tojson, caller's key order
+    tools_block = ("### Tools\n\nYou may call functions to assist with the user query.\n"
+                   "All available function signatures are listed below:\n<available_tools>\n"
+                   '{"type": "function", "function": {"name": "get_weather", "description": "Get weather for a city.", '
+                   '"parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": '
+                   '"integer"}}, "required": ["city"]}}}\n'
+                   '{"type": "function", "function": {"name": "é<&>", "parameters": {}}}\n'
+                   "</available_tools>")
+    tools = [WEATHER_TOOL, {"type": "function", "function": {"name": "é<&>", "parameters": {}}}]
+    assert laguna(OK, tools=tools) == (f"〈|EOS|〉<system>{DEFAULT_SYSTEM}\n\n{tools_block}</system>\n"
+                                       "<user>Reply with OK.</user>\n<assistant></think>")
+    assert laguna([{"role": "system", "content": ""}, *OK], tools=tools).startswith(
+        "〈|EOS|〉<system>### Tools\n\n")
+    assert laguna(OK, tools=[]) == laguna(OK)  # an empty list is no tools
+
+
+def test_message_rules():  # reference §2.2, messages
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "two "}, {"type": "text", "text": "parts"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "a", "arguments": '{"n": 2, "b": true, "o": {"mode": "fast"}, '
+                                                                       '"z": null, "s": "x y"}'}},
+            {"type": "function", "function": {"name": "b", "arguments": ""}}]},
+        {"role": "tool", "content": "</tool_response> kept"},
+        {"role": "tool", "content": [{"type": "text", "text": "second"}]},
+        {"role": "assistant", "content": "done"},
+    ]
+    assert laguna(messages, enable_thinking=True) == (
+        "〈|EOS|〉<system>" + DEFAULT_SYSTEM + "</system>\n<user>two parts</user>\n"
+        "<assistant><think></think><tool_call>a<arg_key>n</arg_key><arg_value>2</arg_value><arg_key>b</arg_key>"
+        '<arg_value>true</arg_value><arg_key>o</arg_key><arg_value>{"mode": "fast"}</arg_value><arg_key>z</arg_key>'
+        "<arg_value>null</arg_value><arg_key>s</arg_key><arg_value>x y</arg_value></tool_call><tool_call>b"
+        "</tool_call></assistant>\n<tool_response></tool_response> kept</tool_response>\n"
+        "<tool_response>second</tool_response>\n<assistant><think></think>done</assistant>\n<assistant><think>")
+
+
+def test_reasoning_field_names_and_the_gate():
+    both = [{"role": "user", "content": "Q"},
+            {"role": "assistant", "reasoning": "first", "reasoning_content": "second", "content": "A"}]
+    assert "<assistant><think>first</think>A</assistant>" in laguna(both, enable_thinking=True)
+    assert "<assistant></think>A</assistant>" in laguna(both, enable_thinking=False)
+
+
+def test_preserve_thinking_reaches_the_template():  # reference §2.3, S-2.1's history gate
+    s21 = laguna_template(S21_TEMPLATE_TEXT)
+    history = [{"role": "user", "content": "Q"}, {"role": "assistant", "reasoning_content": "plan", "content": "A"},
+               {"role": "user", "content": "Q2"}]
+    assert s21.render(history, template_kwargs={"preserve_thinking": True}).endswith(
+        "<assistant><think>plan</think>A</assistant>\n<user>Q2</user>\n<assistant></think>")
+    assert s21.render(history).endswith("<assistant></think>A</assistant>\n<user>Q2</user>\n<assistant></think>")
+
+
+def test_developer_messages_render_as_system():
+    assert laguna([{"role": "developer", "content": "Be terse."}, *OK]) == \
+        laguna([{"role": "system", "content": "Be terse."}, *OK])
+    assert "<system>mid</system>\n" in laguna([*OK, {"role": "developer", "content": "mid"}])
+
+
+def test_a_final_assistant_message_is_closed_before_the_generation_prompt():
+    assert laguna([*OK, {"role": "assistant", "content": "OK"}]).endswith(
+        "<assistant></think>OK</assistant>\n<assistant></think>")
+
+
+def test_the_generation_block_renders_its_body_and_stays_sandboxed(tmp_path):
+    template = "{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}"
+    assert render_chat(template, USER, source="t.gguf") == "[hi]"
+    marker = tmp_path / "pwned"
+    with pytest.raises(UserError, match="unsafe|failed"):
+        render_chat("{% generation %}" + escapes(marker)[0] + "{% endgeneration %}", USER, source="t.gguf")
+    assert not marker.exists()
+    with pytest.raises(UserError, match="syntax error"):
+        ChatTemplate("{% generation %}unclosed", source="t.gguf")
+
+
+@pytest.mark.parametrize("name", ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token"])
+def test_template_kwargs_may_not_replace_what_the_renderer_sets(name):
+    with pytest.raises(UserError) as e:
+        laguna_template().render(OK, template_kwargs={name: []})
+    assert str(e.value).startswith(f"chat_template_kwargs.{name}: ") and "\n" not in str(e.value)
+
+
+def test_any_other_template_variable_passes_through():
+    template = "{{ enable_thinking }} {{ custom | default('unset') }} {{ nested.k }}"
+    assert ChatTemplate(template, "t").render(USER, template_kwargs={
+        "enable_thinking": True, "custom": "set", "nested": {"k": 1}}) == "True set 1"
+
+
+@pytest.mark.parametrize("messages, field, expected", [
+    ([{"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {
+        "name": "f", "arguments": "{not json"}}]}], "messages[0].tool_calls[0].function.arguments", "a JSON object"),
+    ([{"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {
+        "name": "f", "arguments": "[1]"}}]}], "messages[0].tool_calls[0].function.arguments", "a JSON object"),
+    ([{"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": {
+        "arguments": "{}"}}]}], "messages[0].tool_calls[0].function.name", "a function name"),
+    ([{"role": "user", "content": "x", "tool_calls": []}], "messages[0].tool_calls", "only an assistant"),
+    ([{"role": "function", "content": "x"}], "messages[0].role", "expected one of"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0]",
+     "text part"),
+    ([{"role": "tool", "content": None}], "messages[0].content", "expected a string"),
+    ([{"role": "assistant", "content": "x", "reasoning_content": 3}], "messages[0].reasoning_content",
+     "expected a string"),
+])
+def test_malformed_messages_are_one_line_naming_the_field(messages, field, expected):
+    with pytest.raises(UserError) as e:
+        laguna(messages)
+    assert str(e.value).startswith(f"{field}: ") and expected in str(e.value) and "\n" not in str(e.value)
+
+
+def test_malformed_tools_are_one_line_naming_the_field():
+    with pytest.raises(UserError, match=r"^tools\[0\]: expected"):
+        laguna(OK, tools=[{"type": "function"}])
+    with pytest.raises(UserError, match=r"^tools\[1\].function.name: expected a function name"):
+        laguna(OK, tools=[WEATHER_TOOL, {"type": "function", "function": {"name": 3}}])
+    with pytest.raises(UserError, match=r"^tools: expected a list"):
+        laguna(OK, tools="get_weather")
