@@ -73,6 +73,11 @@ class GenerateOptions:
     # asked once per round; True ends generation there with stop reason "interrupted" (Ctrl-C,
     # a client gone), its stats complete up to that round
     should_stop: Callable[[], bool] | None = None
+    # tokens that end generation like the GGUF's end-of-generation tokens (a chat template's
+    # end of turn that llama.cpp does not mark); dropped from the output as those are
+    end_tokens: tuple[int, ...] = ()
+    # special tokens written as their text (chat: the reply parser reads <think>, <tool_call>)
+    special_text: bool = False
 
 
 @dataclass
@@ -360,7 +365,9 @@ class Engine:
                 next(gen)
         except StopIteration as e:
             stats, stop_reason = e.value
-        text = self.detokenize(tokens)
+        opts = options or GenerateOptions()
+        text = b"".join(self.target.token_bytes(t, special=opts.special_text) for t in tokens).decode(
+            "utf-8", errors="replace")
         if stop_reason == "stop":
             text = text[:min((text.find(s) for s in (options or GenerateOptions()).stop if s in text), default=len(text))]
         return GenerationResult(tokens=tokens, text=text, stats=stats, stop_reason=stop_reason)
@@ -372,8 +379,9 @@ class Engine:
             self._check_open()
             tokens: list[int] = []
             pending = b""
-            for new in self._run(prompt, options or GenerateOptions(), tokens):
-                pending += b"".join(self.target.token_bytes(t) for t in new)
+            opts = options or GenerateOptions()
+            for new in self._run(prompt, opts, tokens):
+                pending += b"".join(self.target.token_bytes(t, special=opts.special_text) for t in new)
                 text, pending = _split_utf8(pending)
                 if text:
                     yield text
@@ -490,12 +498,12 @@ class Engine:
         that completes it (the text is cut at the string by generate())."""
         if len(out) >= opts.n_predict:  # n_predict 0: the prefill's token is not emitted either
             return 0, "length"
-        tail = b"".join(self.target.token_bytes(t) for t in out[-16:]) if opts.stop else b""
+        tail = b"".join(self.target.token_bytes(t, special=opts.special_text) for t in out[-16:]) if opts.stop else b""
         for j, tok in enumerate(emitted):
-            if self.target.is_eog(tok):
+            if self.target.is_eog(tok) or tok in opts.end_tokens:
                 return j, "eog"
             if opts.stop:
-                tail += self.target.token_bytes(tok)
+                tail += self.target.token_bytes(tok, special=opts.special_text)
                 text = tail.decode("utf-8", errors="ignore")
                 if any(s in text for s in opts.stop):
                     return j + 1, "stop"

@@ -2,6 +2,12 @@
 
     POST /v1/completions        POST /v1/chat/completions   (SSE when "stream": true)
     GET  /v1/models             GET  /health                GET  /metrics (Prometheus text)
+    POST /apply-template        POST /tokenize              POST /detokenize   (llama-server's)
+
+Chat requests are read with Laguna's chat contract (:mod:`runtime.chat`): ``tools`` in,
+``tool_calls`` out (``finish_reason: "tool_calls"``), the chain of thought apart as
+``reasoning_content`` (``delta.reasoning_content`` when streaming), generation ending at the
+model's end-of-turn tokens.
 
 Every error is OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: a malformed
 body, an unknown field or a value out of range 400; a prompt that does not fit the context
@@ -19,6 +25,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -32,16 +39,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ...convert.errors import UserError
 
 from ..chat_template import TEMPLATE_KEY, ChatTemplate
+from ..conversation import ChatTurn, end_of_turn_tokens, finish_reason, merge_template_kwargs, response_message
 from ..engine import GenerateOptions
 from ..sampling import SamplingError, SamplingParams
 from .pool import BackendLost, Job, PoolClosed, QueueFull, SlotPool
-from .schemas import MAX_STOPS, ChatCompletionRequest, CompletionRequest, GenerationFields
+from .schemas import (MAX_STOPS, ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                      GenerationFields, TokenizeRequest)
 
 #: the engine refuses a prompt + n_predict within this many tokens of the context size
 CONTEXT_MARGIN = 16
 #: OpenAI's default max_tokens of /v1/completions
 COMPLETION_MAX_TOKENS = 16
 PUBLIC_PATHS = frozenset({"/health"})
+#: the request fields a renderer's one-line error can start with; any other is the template's
+CHAT_PARAMS = ("messages", "tools", "tool_choice", "chat_template_kwargs")
 
 
 class ApiError(Exception):
@@ -68,6 +79,7 @@ class ServerSettings:
     api_key: str | None = None
     chat_template: str | None = None  # overrides the GGUF's tokenizer.chat_template
     chat_template_source: str | None = None  # names the template in errors
+    chat_template_kwargs: dict | None = None  # defaults for every request's chat_template_kwargs
     close_pool_on_shutdown: bool = True
 
 
@@ -120,6 +132,7 @@ class Server:
                                 f"({e.reason})") from None
             source = str(self.target.path)
         self.template = ChatTemplate(text, source or "chat template") if text else None
+        self.end_tokens = end_of_turn_tokens(self.target)
 
     # ------------------------------------------------------------------ preparation (a thread)
 
@@ -164,40 +177,50 @@ class Server:
                 raise ApiError(400, f"{name}: expected 0 (OpenAI's additive penalties have no exact counterpart "
                                     f"here; use repeat_penalty), found {value}", param=name)
 
-    def _prompt_tokens(self, body) -> list[int]:
+    def _prompt_tokens(self, body) -> tuple[list[int], ChatTurn | None]:
         if isinstance(body, ChatCompletionRequest):
-            if self.template is None:
-                raise ApiError(400, f"{self.target.path.name} has no chat template ({TEMPLATE_KEY}): start the "
-                                    "server with --chat-template-file FILE, or use /v1/completions",
-                               param="messages", code="no_chat_template")
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            try:
-                text = self.template.render(messages, add_generation_prompt=True, bos_token=self.bos,
-                                            eos_token=self.eos)
-            except UserError as e:
-                raise ApiError(400, str(e), param="messages") from None
+            turn = self.chat_turn(body)
             # a template that writes the BOS itself must not get a second one
-            return self.target.tokenize(text, add_special=not (self.bos and text.startswith(self.bos)),
-                                        parse_special=True)
+            return self.target.tokenize(turn.prompt, add_special=not (self.bos and turn.prompt.startswith(self.bos)),
+                                        parse_special=True), turn
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
                 raise ApiError(400, f"prompt: expected one prompt per request, found {len(prompt)}", param="prompt")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            return self.target.tokenize(prompt, add_special=True, parse_special=True)
+            return self.target.tokenize(prompt, add_special=True, parse_special=True), None
         n_vocab = self.target.n_vocab
         bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
         if bad is not None:
             raise ApiError(400, f"prompt: expected token ids in 0..{n_vocab - 1}, found {bad}", param="prompt")
-        return list(prompt)
+        return list(prompt), None
 
-    def prepare(self, body) -> tuple[list[int], GenerateOptions, int | str]:
+    def chat_turn(self, body: ChatCompletionRequest, add_generation_prompt: bool = True) -> ChatTurn:
+        """The rendered conversation; a malformed message, tool or template variable is a 400
+        naming it."""
+        if self.template is None:
+            raise ApiError(400, f"{self.target.path.name} has no chat template ({TEMPLATE_KEY}): start the "
+                                "server with --chat-template-file FILE, or use /v1/completions",
+                           param="messages", code="no_chat_template")
+        try:
+            return ChatTurn.render(
+                self.template, [m.template_fields() for m in body.messages],
+                tools=[t.template_fields() for t in body.tools or ()], tool_choice=body.tool_choice,
+                parallel_tool_calls=body.parallel_tool_calls,
+                template_kwargs=merge_template_kwargs(self.settings.chat_template_kwargs, body.chat_template_kwargs),
+                add_generation_prompt=add_generation_prompt, bos_token=self.bos, eos_token=self.eos)
+        except UserError as e:
+            field = re.match(r"[a-z_]+", str(e))
+            raise ApiError(400, str(e), param=field.group() if field and field.group() in CHAT_PARAMS
+                           else "messages") from None
+
+    def prepare(self, body) -> tuple[list[int], GenerateOptions, int | str, ChatTurn | None]:
         self._check_common(body)
         sampling = self._sampling(body)
         depth = self._depth(body)
         stops = self._stops(body)
-        tokens = self._prompt_tokens(body)
+        tokens, turn = self._prompt_tokens(body)
         if not tokens:
             raise ApiError(400, "prompt: expected at least one token, found an empty prompt", param="prompt")
         room = self.n_ctx - len(tokens) - CONTEXT_MARGIN
@@ -212,7 +235,11 @@ class Server:
                                 "max_tokens or shorten the prompt", param="max_tokens" if body.max_tokens is not None
                            or (chat and body.max_completion_tokens is not None) else "messages" if chat else "prompt",
                            code="context_length_exceeded")
-        return tokens, GenerateOptions(n_predict=max_tokens, n_max=depth, sampling=sampling, stop=stops), depth
+        # a chat reply is read for reasoning and tool calls: special tokens as their text, and its
+        # end is the model's end of turn
+        chat_options = {"end_tokens": self.end_tokens, "special_text": True} if chat else {}
+        return tokens, GenerateOptions(n_predict=max_tokens, n_max=depth, sampling=sampling, stop=stops,
+                                       **chat_options), depth, turn
 
     # ------------------------------------------------------------------ responses
 
@@ -254,7 +281,7 @@ class Server:
 
     async def run(self, request: Request, body, endpoint: str):
         try:
-            tokens, options, depth = await asyncio.to_thread(self.prepare, body)
+            tokens, options, depth, turn = await asyncio.to_thread(self.prepare, body)
         except ApiError:
             self.pool.metrics.inc("laguna_requests_total", endpoint=endpoint, outcome="bad_request")
             raise
@@ -274,13 +301,13 @@ class Server:
         rid = ("chatcmpl-" if endpoint == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return EventSourceResponse(self._stream(job, endpoint, rid, depth, include_usage), sep="\n")
+            return EventSourceResponse(self._stream(job, endpoint, rid, depth, include_usage, turn), sep="\n")
         kind, value = await self._wait(request, job)
         if kind is None:  # the client went away
             return Response(status_code=499)
         if kind != "done" or value.stop_reason == "interrupted":
             raise self._outcome_error(kind, value)
-        return JSONResponse(self._full(endpoint, rid, value, job, depth))
+        return JSONResponse(self._full(endpoint, rid, value, job, depth, turn))
 
     async def _wait(self, request: Request, job: Job):
         """The job's outcome, or (None, None) when the client disconnects first (the job is
@@ -301,10 +328,12 @@ class Server:
         self.pool.cancel(job)
         return None, None
 
-    def _full(self, endpoint: str, rid: str, out, job: Job, depth) -> dict:
+    def _full(self, endpoint: str, rid: str, out, job: Job, depth, turn: ChatTurn | None) -> dict:
         choice = {"index": 0, "finish_reason": self.finish_reason(out.stop_reason), "logprobs": None}
         if endpoint == "chat":
-            choice["message"] = {"role": "assistant", "content": out.text}
+            message = turn.message(out.text)
+            choice["message"] = response_message(message)
+            choice["finish_reason"] = finish_reason(out.stop_reason, bool(message["tool_calls"]))
             obj = "chat.completion"
         else:
             choice["text"] = out.text
@@ -314,9 +343,10 @@ class Server:
                 "timings": self.timings(out.stats, job, depth)}
 
     def _chunk(self, endpoint: str, rid: str, created: int, text: str | None, finish: str | None = None,
-               role: bool = False) -> dict:
+               role: bool = False, delta: dict | None = None) -> dict:
         if endpoint == "chat":
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
+            if delta is None:
+                delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text is not None else {})
             choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
             obj = "chat.completion.chunk"
         else:
@@ -325,18 +355,27 @@ class Server:
         return {"id": rid, "object": obj, "created": created, "model": self.settings.model_id,
                 "system_fingerprint": None, "choices": [choice]}
 
-    async def _stream(self, job: Job, endpoint: str, rid: str, depth, include_usage: bool):
+    async def _stream(self, job: Job, endpoint: str, rid: str, depth, include_usage: bool, turn: ChatTurn | None):
         created = int(time.time())
+        parser = turn.parser() if turn is not None else None
         try:
             if endpoint == "chat":
                 yield _sse(self._chunk(endpoint, rid, created, None, role=True))
             while True:
                 kind, value = await job.events.get()
                 if kind == "text":
-                    yield _sse(self._chunk(endpoint, rid, created, value))
+                    if parser is None:
+                        yield _sse(self._chunk(endpoint, rid, created, value))
+                    for delta in parser.feed(value) if parser is not None else ():
+                        yield _sse(self._chunk(endpoint, rid, created, None, delta=delta))
                     continue
                 if kind == "done" and value.stop_reason != "interrupted":
-                    last = self._chunk(endpoint, rid, created, None, finish=self.finish_reason(value.stop_reason))
+                    finish = self.finish_reason(value.stop_reason)
+                    if parser is not None:
+                        for delta in parser.finish():
+                            yield _sse(self._chunk(endpoint, rid, created, None, delta=delta))
+                        finish = finish_reason(value.stop_reason, parser.n_calls > 0)
+                    last = self._chunk(endpoint, rid, created, None, finish=finish)
                     last["usage"] = self.usage(value.stats)
                     last["timings"] = self.timings(value.stats, job, depth)
                     yield _sse(last)
@@ -367,12 +406,24 @@ async def _disconnected(request: Request) -> None:
             return
 
 
+#: the names pydantic adds to an error's location for each member of a union (str, list[TextPart],
+#: ToolCall, literal['auto']...): not fields, so not part of the parameter's name
+_UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|(dict|list|literal|function-\w+)\[.*\]|[A-Z]\w*)$")
+
+
+def _param(loc) -> str:
+    return ".".join(str(p) for p in loc if p != "body" and not _UNION_MEMBER.match(str(p)))
+
+
 def _validation_error(exc: RequestValidationError) -> ApiError:
     errors = exc.errors()
     first = errors[0] if errors else {"type": "", "loc": (), "msg": "invalid request"}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
+    param = _param(first.get("loc", ())) or None
     kind = first.get("type", "")
+    # a value no member of a union takes: every member's complaint, once each
+    complaints = list(dict.fromkeys(e.get("msg", "") for e in errors if _param(e.get("loc", ())) == (param or "")))
+    if len(complaints) > 1:
+        return ApiError(400, f"{param or 'body'}: {' or '.join(complaints)}", param=param, code="invalid_value")
     if kind == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", first.get("msg", ""))
         return ApiError(400, f"malformed JSON body: {detail}", code="invalid_json")
@@ -423,6 +474,37 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await server.run(request, body, "chat")
+
+    @app.post("/apply-template")
+    async def apply_template(body: ApplyTemplateRequest):
+        turn = await asyncio.to_thread(server.chat_turn, body, body.add_generation_prompt)
+        return {"prompt": turn.prompt}
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        target = server.target
+        tokens = await asyncio.to_thread(target.tokenize, body.content, body.add_special, body.parse_special)
+        if not body.with_pieces:
+            return {"tokens": tokens}
+        pieces = []
+        for t in tokens:
+            raw = target.token_bytes(t, special=True)
+            try:
+                piece = raw.decode("utf-8")
+            except UnicodeDecodeError:  # part of a character: llama-server gives the bytes
+                piece = list(raw)
+            pieces.append({"id": t, "piece": piece})
+        return {"tokens": pieces}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        target = server.target
+        bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < target.n_vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"tokens[{bad}]: expected a token id in 0..{target.n_vocab - 1}, found "
+                                f"{body.tokens[bad]}", param="tokens", code="invalid_value")
+        raw = b"".join(target.token_bytes(t, special=True) for t in body.tokens)
+        return {"content": raw.decode("utf-8", errors="replace")}
 
     @app.get("/v1/models")
     async def models():

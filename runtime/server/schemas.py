@@ -1,22 +1,27 @@
 """Request bodies of the OpenAI-compatible endpoints (pydantic v2, strict JSON types).
 
 An unknown field is refused (400, naming it), as the OpenAI API does, rather than ignored: a
-client that sends ``logprobs`` or ``tools`` must learn that they are not served. Fields the
-OpenAI API has and this server serves:
+client that sends ``logprobs`` must learn that it is not served. Fields the OpenAI API has and
+this server serves:
 
 - ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``,
   ``stop`` (a string or up to 16), ``stream``, ``stream_options.include_usage``, ``n`` (1),
   ``user`` (ignored), ``model`` (any value; the served model answers);
+- chat: ``messages`` (roles ``system``, ``developer``, ``user``, ``assistant`` with
+  ``tool_calls``, ``tool``), ``tools``, ``tool_choice`` (``auto`` and ``none``; ``required``
+  and a named function wait for structured output), ``parallel_tool_calls``;
 - ``frequency_penalty`` / ``presence_penalty``: only 0 — OpenAI's additive penalties have no
   exact counterpart in llama.cpp's multiplicative ``repeat_penalty``, which is served instead.
 
-Extensions (llama-server's names): ``top_k``, ``min_p``, ``repeat_penalty``, ``repeat_last_n``,
-and ``n_max``, the draft depth of this request (0..block_size-1 or ``"auto"``).
+Extensions (llama-server's and vLLM's names): ``top_k``, ``min_p``, ``repeat_penalty``,
+``repeat_last_n``, ``chat_template_kwargs`` (template variables such as ``enable_thinking``),
+``reasoning_content`` on assistant messages (also vLLM's ``reasoning``), and ``n_max``, the
+draft depth of this request (0..block_size-1 or ``"auto"``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,13 +41,56 @@ class TextPart(Strict):
     text: str
 
 
-class ChatMessage(Strict):
-    role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+class FunctionCall(Strict):
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # JSON text, as OpenAI clients send it, or an object
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+class ToolCall(Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(Strict):
+    """One message; what each role needs (text content but for an assistant calling tools) is
+    checked where the conversation is rendered, with the field's name."""
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None  # vLLM's name for reasoning_content
+    refusal: str | None = None  # echoed back by clients that resend a response's message
+
+    def template_fields(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True, exclude={"refusal"})
+
+
+class FunctionDefinition(Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def template_fields(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class GenerationFields(Strict):
@@ -72,3 +120,28 @@ class CompletionRequest(GenerationFields):
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=0)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class ApplyTemplateRequest(ChatCompletionRequest):
+    """llama-server's ``POST /apply-template``: a chat request's body, rendered and not run."""
+
+    add_generation_prompt: bool = True
+
+
+class TokenizeRequest(Strict):
+    """llama-server's ``POST /tokenize``."""
+
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(Strict):
+    """llama-server's ``POST /detokenize``."""
+
+    tokens: list[int]

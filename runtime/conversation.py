@@ -1,0 +1,104 @@
+"""One chat turn: the conversation rendered, the generation's end, the answer read back.
+
+The server's ``/v1/chat/completions`` and ``/apply-template`` and ``laguna-run chat`` share it:
+
+    turn = ChatTurn.render(template, messages, tools=tools, template_kwargs={"enable_thinking": True},
+                           bos_token=bos, eos_token=eos)
+    ids = model.tokenize(turn.prompt)                       # generate with special tokens as text,
+    text = generate(ids, end_tokens=end_of_turn_tokens(model))  # ending at the model's end of turn
+    message = turn.message(text)                            # content, reasoning_content, tool_calls
+
+Whether the output starts inside reasoning is read off the rendered prompt
+(:func:`~runtime.chat.starts_in_reasoning`), so a template's default, a request's
+``enable_thinking`` and a server's ``--chat-template-kwargs`` all decide it the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..convert.errors import UserError
+from .chat import ResponseParser, parse_response, starts_in_reasoning
+from .chat_template import ChatTemplate
+
+#: the texts of the tokens that end an assistant turn in Laguna's template, besides what
+#: llama.cpp marks end-of-generation in the GGUF (Laguna's generation_config: eos [2, 24])
+END_OF_TURN = ("</assistant>", "〈|EOS|〉")
+TOOL_CHOICES = ("auto", "none")
+
+
+def end_of_turn_tokens(model) -> tuple[int, ...]:
+    """Ids of :data:`END_OF_TURN` that are single tokens of ``model``'s vocabulary."""
+    ids = []
+    for text in END_OF_TURN:
+        tokens = model.tokenize(text, add_special=False, parse_special=True)
+        if len(tokens) == 1 and model.token_bytes(tokens[0], special=True).decode("utf-8", "replace") == text:
+            ids.append(tokens[0])
+    return tuple(ids)
+
+
+def check_tool_choice(tool_choice: Any) -> str:
+    """``auto`` (also for None) or ``none``; ``required`` and a named function need output
+    constrained to the call format, which this server does not do yet."""
+    if tool_choice is None:
+        return "auto"
+    if tool_choice in TOOL_CHOICES:
+        return tool_choice
+    found = tool_choice if isinstance(tool_choice, str) else "a named function"
+    raise UserError(f"tool_choice: expected 'auto' or 'none' ('required' and a named function need structured "
+                    f"output, which this server does not have yet), found {found!r}")
+
+
+def finish_reason(stop_reason: str, tool_calls: bool) -> str:
+    """OpenAI's finish reason: ``length`` when the token budget cut the turn (even inside a
+    call), ``tool_calls`` when it ended with calls, else ``stop``."""
+    if stop_reason == "length":
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
+
+
+def response_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """An assistant message as OpenAI writes it: ``reasoning_content`` and ``tool_calls`` only when there are."""
+    out = {"role": "assistant", "content": message["content"]}
+    if message.get("reasoning_content") is not None:
+        out["reasoning_content"] = message["reasoning_content"]
+    if message.get("tool_calls"):
+        out["tool_calls"] = list(message["tool_calls"])
+    return out
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    """A rendered conversation and how to read what the model answers to it."""
+
+    prompt: str
+    tools: tuple[dict[str, Any], ...] = ()
+    reasoning: bool = False  # the prompt leaves the output inside reasoning
+    tool_calls: bool = True  # False: tool_choice "none", <tool_call> is text
+    parallel_tool_calls: bool = True
+
+    @classmethod
+    def render(cls, template: ChatTemplate, messages: Sequence[Mapping[str, Any]], *,
+               tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,
+               parallel_tool_calls: bool | None = None, template_kwargs: Mapping[str, Any] | None = None,
+               add_generation_prompt: bool = True, bos_token: str = "", eos_token: str = "") -> "ChatTurn":
+        choice = check_tool_choice(tool_choice)
+        prompt = template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                 bos_token=bos_token, eos_token=eos_token, template_kwargs=template_kwargs)
+        return cls(prompt, tuple(tools or ()), starts_in_reasoning(prompt), choice != "none",
+                   parallel_tool_calls is not False)
+
+    def parser(self) -> ResponseParser:
+        return ResponseParser(self.tools, self.reasoning, tool_calls=self.tool_calls,
+                              parallel_tool_calls=self.parallel_tool_calls)
+
+    def message(self, text: str) -> dict[str, Any]:
+        return parse_response(text, tools=self.tools, reasoning=self.reasoning, tool_calls=self.tool_calls,
+                              parallel_tool_calls=self.parallel_tool_calls)
+
+
+def merge_template_kwargs(default: Mapping[str, Any] | None, request: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A server's or session's default template variables, each replaced by the request's own."""
+    return {**(default or {}), **(request or {})}

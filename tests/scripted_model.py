@@ -1,0 +1,69 @@
+"""A scripted stand-in for the target's choices, for chat plumbing tests: the bundled target
+never writes a tool call or a ``</think>``, but an agent test needs a turn that does.
+
+The engine runs as it always does (prefill, drafter proposals, verify passes, roll-back, stop
+checks, the prompt cache): only the sampler is replaced, and it picks the script's next token
+instead of the target's, accepting a draft exactly when it equals the script. After the
+script it picks the end-of-turn token. So every server and CLI code path is the real one,
+speculation included (few drafts are accepted: the drafter predicts the real target).
+
+    with scripted(monkeypatch, target) as script:
+        script.say("Need the weather.</think><tool_call>get_weather<arg_key>city</arg_key>...")
+        ... a request to the server or a CLI run ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+
+from laguna_dflash.runtime import engine as engine_module
+from laguna_dflash.runtime.conversation import end_of_turn_tokens
+
+
+class Script:
+    def __init__(self, target) -> None:
+        self.target = target
+        self.end = end_of_turn_tokens(target)[0]
+        self._turns: deque[list[int]] = deque()
+        self._lock = threading.Lock()
+
+    def say(self, *texts: str) -> None:
+        """Queue one turn per text: each generation takes the next."""
+        with self._lock:
+            for text in texts:
+                self._turns.append(self.target.tokenize(text, add_special=False, parse_special=True))
+
+    def next_turn(self) -> list[int]:
+        with self._lock:
+            return self._turns.popleft() if self._turns else []
+
+
+class ScriptedSampler:
+    history_len = 0
+
+    def __init__(self, tokens: list[int], end: int) -> None:
+        self._tokens = deque(tokens)
+        self._end = end
+
+    def _next(self) -> int:
+        return self._tokens.popleft() if self._tokens else self._end
+
+    def sample(self, logits, history=()) -> int:
+        return self._next()
+
+    def accept(self, logits, drafts, history=()) -> tuple[int, int]:
+        n = 0
+        while n < len(drafts) and n < len(self._tokens) and drafts[n] == self._tokens[n]:
+            n += 1
+        for _ in range(n):
+            self._tokens.popleft()
+        return n, self._next()
+
+
+@contextlib.contextmanager
+def scripted(monkeypatch, target):
+    script = Script(target)
+    monkeypatch.setattr(engine_module, "Sampler", lambda params: ScriptedSampler(script.next_turn(), script.end))
+    yield script
