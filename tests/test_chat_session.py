@@ -1,5 +1,5 @@
 """runtime/chat_session.py: multi-turn chat on the bundled pair with Laguna 2.1's template;
-replies scripted (tests/scripted_model.py), the engine and drafter real."""
+replies scripted (scripts/scripted_model.py), the engine and drafter real."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ def engine():
     target.close()
 
 
-def test_turns_keep_the_history_and_the_prompt_cache(engine, monkeypatch):
+def test_turns_keep_the_history_and_the_prompt_cache(engine):
     session = ChatSession(engine, laguna_template(), system="Be brief.", template_kwargs={"enable_thinking": True})
     out, err = io.StringIO(), io.StringIO()
-    with scripted(monkeypatch, engine.target) as script:
+    with scripted(engine.target) as script:
         script.say("greet</think>Hello!", "count</think>1 2 3")
         n = run_session(session, GenerateOptions(n_predict=32, n_max=4), ["hi\n", "\n", "count\n"], out=out, err=err)
     assert n == 2
@@ -46,11 +46,11 @@ def test_turns_keep_the_history_and_the_prompt_cache(engine, monkeypatch):
     assert second_cached >= first_prompt
 
 
-def test_json_lines_carry_reasoning_and_tool_calls(engine, monkeypatch):
+def test_json_lines_carry_reasoning_and_tool_calls(engine):
     session = ChatSession(engine, laguna_template(), template_kwargs={"enable_thinking": True})
     out = io.StringIO()
     call = "<tool_call>ls<arg_key>path</arg_key><arg_value>/tmp</arg_value></tool_call>"
-    with scripted(monkeypatch, engine.target) as script:
+    with scripted(engine.target) as script:
         script.say("look</think>" + call, "ok</think>done")
         run_session(session, GenerateOptions(n_predict=64, n_max=4), ["files?", "/reset", "again"],
                     json_lines=True, out=out, err=io.StringIO())

@@ -39,14 +39,14 @@ def test_the_bundled_gguf_ends_turns_at_both_tokens():
         assert eog_ids(m) == set(end)  # llama.cpp marks both: </assistant> is the GGUF's eot token
 
 
-def test_a_gguf_that_does_not_mark_the_end_of_turn_still_ends_there(tmp_path, monkeypatch, capsys):
+def test_a_gguf_that_does_not_mark_the_end_of_turn_still_ends_there(tmp_path, capsys):
     path = without_eot(assets.TINY_TARGET, tmp_path / "no-eot.gguf")
     capsys.readouterr()
     with Model(path) as m:
         end = end_of_turn_tokens(m)
         assert m.token_text(end[0]) == "</assistant>" and end[0] not in eog_ids(m)
         with Engine(m, None, EngineConfig(n_ctx=512, kv_type="f32", n_threads=1)) as engine, \
-                scripted(monkeypatch, m) as script:
+                scripted(m) as script:
             script.say("OK", "OK")  # then </assistant>, again and again
             ended = engine.generate("<user>hi</user>", GenerateOptions(n_predict=8, n_max=0, end_tokens=end,
                                                                         special_text=True))

@@ -4,7 +4,7 @@ for byte; tools in, tool_calls out, tool results in, an answer out, through the 
 ``openai`` client with speculation on; streamed replies rebuild the non-streamed message, by
 the client's own streaming helper; /tokenize and /detokenize; the request errors.
 
-The bundled target never writes a tool call: a scripted sampler (tests/scripted_model.py)
+The bundled target never writes a tool call: a scripted sampler (scripts/scripted_model.py)
 picks the tokens of each reply while the engine, the drafter and the server run as always."""
 
 from __future__ import annotations
@@ -138,10 +138,10 @@ def test_tokenize_and_detokenize(srv, models):
 # ---------------------------------------------------------------------------- tools and reasoning
 
 
-def test_an_agent_round_trip_through_the_openai_client(srv, models, monkeypatch):
+def test_an_agent_round_trip_through_the_openai_client(srv, models):
     c = client(srv)
     messages = [{"role": "developer", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris?"}]
-    with scripted(monkeypatch, models[0]) as script:
+    with scripted(models[0]) as script:
         script.say("The user wants the weather.</think>" + CALL, "I have it.</think>It is 18 C in Paris.")
         first = c.chat.completions.create(model="laguna-tiny", messages=messages, tools=[WEATHER_TOOL],
                                           extra_body={"chat_template_kwargs": THINKING, "n_max": 4})
@@ -173,11 +173,11 @@ MIXED = ("Plan: look it up.\n</think>Checking now.\n" + CALL.replace("Paris", "Z
          + "\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Bern</arg_value>\n</tool_call>")
 
 
-def test_streaming_rebuilds_the_non_streamed_message(srv, models, monkeypatch):
+def test_streaming_rebuilds_the_non_streamed_message(srv, models):
     c = client(srv)
     kwargs = dict(model="laguna-tiny", messages=OK, tools=[WEATHER_TOOL],
                   extra_body={"chat_template_kwargs": THINKING, "n_max": 4})
-    with scripted(monkeypatch, models[0]) as script:
+    with scripted(models[0]) as script:
         script.say(MIXED, MIXED, MIXED)
         whole = c.chat.completions.create(**kwargs).choices[0]
         with c.chat.completions.stream(**kwargs) as stream:  # the client's own accumulation
@@ -200,9 +200,9 @@ def test_streaming_rebuilds_the_non_streamed_message(srv, models, monkeypatch):
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
 
 
-def test_tool_choice_none_and_parallel_tool_calls_false(srv, models, monkeypatch):
+def test_tool_choice_none_and_parallel_tool_calls_false(srv, models):
     c = client(srv)
-    with scripted(monkeypatch, models[0]) as script:
+    with scripted(models[0]) as script:
         script.say(CALL, CALL + CALL)
         none = c.chat.completions.create(model="m", messages=OK, tools=[WEATHER_TOOL], tool_choice="none").choices[0]
         one = c.chat.completions.create(model="m", messages=OK, tools=[WEATHER_TOOL],
@@ -211,18 +211,18 @@ def test_tool_choice_none_and_parallel_tool_calls_false(srv, models, monkeypatch
     assert one.finish_reason == "tool_calls" and len(one.message.tool_calls) == 1
 
 
-def test_a_call_cut_by_max_tokens_finishes_with_length(srv, models, monkeypatch):
+def test_a_call_cut_by_max_tokens_finishes_with_length(srv, models):
     c = client(srv)
     cut = len(models[0].tokenize(CALL[:CALL.index("days")], add_special=False))  # inside the second key
-    with scripted(monkeypatch, models[0]) as script:
+    with scripted(models[0]) as script:
         script.say(CALL)
         r = c.chat.completions.create(model="m", messages=OK, tools=[WEATHER_TOOL], max_tokens=cut).choices[0]
     assert r.finish_reason == "length" and calls(r.message) == [("get_weather", {"city": "Paris"})]
 
 
-def test_thinking_off_answers_in_content(srv, models, monkeypatch):
+def test_thinking_off_answers_in_content(srv, models):
     c = client(srv)
-    with scripted(monkeypatch, models[0]) as script:
+    with scripted(models[0]) as script:
         script.say("</think>OK")  # a stray end of reasoning, as models write with thinking off
         r = c.chat.completions.create(model="m", messages=OK).choices[0]
     assert r.message.content == "OK" and "reasoning_content" not in (r.message.model_extra or {})

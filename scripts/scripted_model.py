@@ -1,5 +1,6 @@
-"""A scripted stand-in for the target's choices, for chat plumbing tests: the bundled target
-never writes a tool call or a ``</think>``, but an agent test needs a turn that does.
+"""A scripted stand-in for the target's choices, for chat plumbing tests and the agent-loop
+prompt-cache measurement: the bundled target never writes a tool call or a ``</think>``, but an
+agent turn needs one.
 
 The engine runs as it always does (prefill, drafter proposals, verify passes, roll-back, stop
 checks, the prompt cache): only the sampler is replaced, and it picks the script's next token
@@ -7,7 +8,7 @@ instead of the target's, accepting a draft exactly when it equals the script. Af
 script it picks the end-of-turn token. So every server and CLI code path is the real one,
 speculation included (few drafts are accepted: the drafter predicts the real target).
 
-    with scripted(monkeypatch, target) as script:
+    with scripted(target) as script:
         script.say("Need the weather.</think><tool_call>get_weather<arg_key>city</arg_key>...")
         ... a request to the server or a CLI run ...
 """
@@ -63,7 +64,12 @@ class ScriptedSampler:
 
 
 @contextlib.contextmanager
-def scripted(monkeypatch, target):
+def scripted(target):
+    """Inside the block, every generation's tokens are the next queued turn's."""
     script = Script(target)
-    monkeypatch.setattr(engine_module, "Sampler", lambda params: ScriptedSampler(script.next_turn(), script.end))
-    yield script
+    real = engine_module.Sampler
+    engine_module.Sampler = lambda params: ScriptedSampler(script.next_turn(), script.end)
+    try:
+        yield script
+    finally:
+        engine_module.Sampler = real
