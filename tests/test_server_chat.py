@@ -20,6 +20,7 @@ pytest.importorskip("fastapi")
 from laguna_chat import (HEAD, TEMPLATE_TEXT, TOOL_HISTORY, TOOL_HISTORY_RENDER, WEATHER_TOOL,  # noqa: E402
                          laguna_template)
 from laguna_dflash.convert.poolside import native_drafter_path  # noqa: E402
+from laguna_dflash.runtime.chat import message_from_deltas  # noqa: E402
 from laguna_dflash.runtime import assets  # noqa: E402
 from laguna_dflash.runtime.llama import Model  # noqa: E402
 from scripted_model import scripted  # noqa: E402
@@ -191,7 +192,13 @@ def test_streaming_rebuilds_the_non_streamed_message(srv, models):
         assert message.model_extra["reasoning_content"] == whole.message.model_extra["reasoning_content"] \
             == "Plan: look it up.\n"
         assert calls(message) == calls(whole.message)
-    # the raw chunks: role first, reasoning and content deltas, each call's id and name once
+    # the raw chunks, accumulated: the same message again
+    rebuilt = message_from_deltas(ch.choices[0].delta.model_dump(exclude_none=True) for ch in chunks if ch.choices)
+    assert (rebuilt["content"], rebuilt["reasoning_content"]) == (
+        whole.message.content, whole.message.model_extra["reasoning_content"])
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in rebuilt["tool_calls"]] \
+        == calls(whole.message)
+    # ... role first, reasoning and content deltas, each call's id and name once
     deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
     assert deltas[0].role == "assistant"
     assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "Plan: look it up.\n"
