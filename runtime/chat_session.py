@@ -32,6 +32,7 @@ COMMANDS = {"/exit": "end the session", "/reset": "forget the conversation (the 
 
 @dataclass
 class TurnResult:
+    text: str  # as generated, special tokens as their text
     message: dict[str, Any]  # content, reasoning_content, tool_calls
     finish_reason: str
     stop_reason: str
@@ -72,8 +73,9 @@ class ChatSession:
             prompt = self.engine.target.tokenize(turn.prompt, add_special=not (self.bos and turn.prompt.startswith(
                 self.bos)), parse_special=True)
             opts = dataclasses.replace(options, end_tokens=self.end_tokens, special_text=True)
-            parser, deltas = turn.parser(), []
+            parser, deltas, pieces = turn.parser(), [], []
             for piece in self.engine.stream(prompt, opts):
+                pieces.append(piece)
                 for delta in parser.feed(piece):
                     deltas.append(delta)
                     if on_delta is not None:
@@ -88,7 +90,8 @@ class ChatSession:
         message = message_from_deltas(deltas)
         self.messages.append(history_message(message))
         stats, stop = self.engine.last_stats, self.engine.last_stop_reason
-        return TurnResult(message, finish_reason(stop, bool(message["tool_calls"])), stop, stats, len(prompt))
+        return TurnResult("".join(pieces), message, finish_reason(stop, bool(message["tool_calls"])), stop, stats,
+                          len(prompt))
 
 
 def history_message(message: Mapping[str, Any]) -> dict[str, Any]:
@@ -193,6 +196,8 @@ def run_session(session: ChatSession, options, lines: Iterable[str], *, json_lin
                 printer.end_turn()
                 err.write(turn_summary(result) + "\n")
             n_turns += 1
+            if options.should_stop is not None and options.should_stop():  # Ctrl-C: the session ends
+                break
         if interactive:
             err.write(prompt_marker)
             err.flush()
