@@ -126,9 +126,9 @@ class TerminalPrinter:
     """Writes a reply's deltas as they come: the answer to ``out``, and its tool calls there at
     the end of the turn (they are the answer too); the reasoning to ``err``, dim on a terminal."""
 
-    def __init__(self, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
-        self.out, self.err = out, err
-        self._dim = err.isatty()
+    def __init__(self, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.out, self.err = out or sys.stdout, err or sys.stderr
+        self._dim = self.err.isatty()
         self._in_reasoning = False
         self._calls: dict[int, dict[str, str]] = {}
 
@@ -167,9 +167,10 @@ class TerminalPrinter:
 
 
 def run_session(session: ChatSession, options, lines: Iterable[str], *, json_lines: bool = False,
-                out: TextIO = sys.stdout, err: TextIO = sys.stderr, prompt_marker: str = "> ") -> int:
+                out: TextIO | None = None, err: TextIO | None = None, prompt_marker: str = "> ") -> int:
     """Read user messages from ``lines`` (one per line; ``/exit``, ``/reset``, ``/help``) until
     the end; returns the number of turns."""
+    out, err = out or sys.stdout, err or sys.stderr
     interactive = getattr(sys.stdin, "isatty", lambda: False)() and not json_lines
     n_turns = 0
     if interactive:
