@@ -21,11 +21,10 @@ from rich.console import Console
 from rich.table import Table
 
 from ..convert.errors import USER_ERROR_EXIT, UserError
-from ..convert.poolside import native_drafter_path
 
 from . import assets
 from .chat_template import TEMPLATE_KEY, render_chat
-from .sampling import SamplingError, SamplingParams
+from .request import RequestError
 
 err = Console(stderr=True)
 
@@ -54,9 +53,11 @@ DraftRpcOpt = Annotated[bool, typer.Option("--draft-rpc", help="Put the drafter'
 RpcTimeoutOpt = Annotated[float, typer.Option("--rpc-timeout", help="Seconds an RPC server may stay silent before it counts as lost (0: forever).")]
 
 
-#: flag of each SamplingParams field, for error messages
-SAMPLING_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
-                  "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n", "seed": "--seed"}
+#: the flag of each request field (runtime/request.py), for error messages
+FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+         "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n", "seed": "--seed",
+         "n_predict": "-n/--n-predict", "n_max": "--n-max", "n_batch": "-b/--batch-size", "stop": "--stop",
+         "prompt": "-p/-f"}
 #: llama.cpp's thread pool refuses more (GGML_MAX_N_THREADS) with an abort
 MAX_THREADS = 512
 #: llama.cpp keeps sizes in 32-bit integers
@@ -71,30 +72,15 @@ class RpcFailed(Exception):
     """An RPC server was lost during the work: one line, exit code 1 (not the user's mistake)."""
 
 
-def parse_depth(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        depth = int(value)
-    except ValueError:
-        raise UserError(f"--n-max: expected an integer 0..15 or 'auto', found {value!r}") from None
-    if depth < 0:
-        raise UserError(f"--n-max: expected >= 0, found {depth}")
-    return depth
+def flag_error(e: RequestError) -> UserError:
+    """A request field's error, named by its flag."""
+    return UserError(e.render(FLAGS.get(e.field, e.field)))
 
 
 def check_range(flag: str, value: int, lo: int, hi: int = MAX_SIZE, note: str = "") -> None:
     if not lo <= value <= hi:
         expected = f"an integer >= {lo}" if hi == MAX_SIZE and value < lo else f"{lo}..{hi}"
         raise UserError(f"{flag}: expected {expected}{note}, found {value}")
-
-
-def sampling_params(**values) -> SamplingParams:
-    try:
-        return SamplingParams(**values)
-    except SamplingError as e:
-        note = " or -1 (a random one)" if e.field == "seed" else ""
-        raise UserError(f"{SAMPLING_FLAGS.get(e.field, e.field)}: expected {e.expected}{note}, found {e.found}") from None
 
 
 def check_sizes(ctx: int, batch: int, ubatch: int, threads: int) -> None:
@@ -121,38 +107,32 @@ def check_output_path(path: Path, flag: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def check_stops(stops: list[str] | None) -> tuple[str, ...]:
-    for s in stops or ():
-        if not s:
-            raise UserError("--stop: expected a non-empty string, found ''")
-    return tuple(stops or ())
+def request_options(depths: list, pair=None, n_ctx: int = 0, n_batch: int = 0, **fields):
+    """The GenerateOptions of each depth (the CLI's requests); with the resolved ``pair``, also
+    checked against its limits, still before any model loads. One line naming the flag otherwise."""
+    from .request import GenerateOptions, sampling_params
+
+    try:
+        if "sampling" in fields:
+            fields["sampling"] = sampling_params(**fields["sampling"])
+        options = [GenerateOptions(n_max=d, **fields) for d in depths]
+        if pair is not None:
+            limits = pair.limits(n_ctx, n_batch)
+            for o in options:
+                o.check_limits(limits)
+        return options
+    except RequestError as e:
+        raise flag_error(e) from None
 
 
-def verify_rows(depth: int | str, max_draft: int) -> int:
-    """Rows of the largest verify batch a depth makes: the bonus token and the drafts."""
-    return (max_draft if depth == "auto" else int(depth)) + 1
+def open_pair(model: Path | None, model_draft: Path | None):
+    """The pair the flags name (the bundled one without -m), resolved: headers checked, a
+    Poolside-layout drafter rewritten, the pair checked."""
+    from .open_pair import resolve_pair
 
-
-def check_depths(depths: list, drafter: Path | None, batch: int) -> None:
-    """--n-max against the drafter's block size, and -b against the largest verify batch;
-    read from the drafter's GGUF header, before any model loads."""
-    if drafter is None:
-        deep = [d for d in depths if d != "auto" and d > 0]
-        if deep:
-            raise UserError(f"--n-max: {deep[0]} needs a drafter (-md DRAFTER.gguf); without one use --n-max 0")
-        return
-    from .pair import read_drafter
-
-    spec = read_drafter(drafter)
-    for d in depths:
-        if d != "auto" and d > spec.max_draft:
-            raise UserError(f"--n-max: expected 0..{spec.max_draft} (the drafter's block_size - 1) or 'auto', "
-                            f"found {d}")
-    rows = max(verify_rows(d, spec.max_draft) for d in depths)
-    if batch < rows:
-        deepest = max(depths, key=lambda d: verify_rows(d, spec.max_draft))
-        raise UserError(f"-b/--batch-size: expected >= {rows} (a verify pass at --n-max {deepest} is {rows} rows: "
-                        f"the bonus token and up to {rows - 1} drafts), found {batch}")
+    if model is None:
+        model, model_draft = assets.default_pair(model_draft)
+    return resolve_pair(model, model_draft)
 
 
 def engine_config(ctx: int, batch: int, ubatch: int, threads: int, ngl, ngld, device, draft_device, force,
@@ -197,7 +177,7 @@ class _RpcPlacement:
         return describe(self.cfg)
 
 
-def _engine(model: Path, draft: Path | None, ctx: int, batch: int, ubatch: int, threads: int,
+def _engine(pair, ctx: int, batch: int, ubatch: int, threads: int,
             ngl, ngld, device, draft_device, force, verbose, kv_type="f16", prompt_cache=True, **rpc):
     from .engine import Engine
     from .llama import LlamaError
@@ -207,7 +187,7 @@ def _engine(model: Path, draft: Path | None, ctx: int, batch: int, ubatch: int, 
     from .rpc import RpcError
 
     try:
-        return Engine.load(model, draft, cfg), placement
+        return Engine.open(pair, cfg), placement
     except RpcError as e:  # a server lost while the models loaded: not the user's mistake
         raise RpcFailed(str(e)) from None
     except LlamaError as e:
@@ -320,28 +300,24 @@ def run(
     with sampling every token is drawn from the target's distribution (sample-and-compare).
     """
     # every flag is checked before anything is read or loaded
-    sampling = sampling_params(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                               repeat_penalty=repeat_penalty, seed=None if seed == -1 else seed)
-    check_range("-n/--n-predict", n_predict, 0)
+    sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                    seed=seed)
     check_sizes(ctx_size, batch_size, ubatch_size, threads)
+    # the request's own fields, before the pair is known (its limits come below)
+    request_options([0 if n_max is None else n_max], n_predict=n_predict, stop=tuple(stop or ()),
+                    sampling=dict(sampling))
     check_cache_type(cache_type)
-    depth = parse_depth(n_max) if n_max is not None else None
-    stops = check_stops(stop)
     if (prompt is None) == (file is None):
         raise UserError("give the prompt with exactly one of -p TEXT or -f FILE")
     if trace is not None:
         check_output_path(trace, "--trace")
     if file is not None:
         prompt = assets.read_prompt_text(file)
-    if model is None:
-        model, model_draft = assets.default_pair(model_draft)
-    model_draft = model_draft and native_drafter_path(model_draft, model)  # Poolside's layout: its rewrite
-    if depth is None:
-        depth = 4 if model_draft is not None else 0
-    check_depths([depth], model_draft, batch_size)
-    from .engine import GenerateOptions
-
-    engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
+    pair = open_pair(model, model_draft)
+    depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
+    (opts,) = request_options([depth], pair, ctx_size, batch_size, n_predict=n_predict, stop=tuple(stop or ()),
+                              sampling=sampling)
+    engine, placement = _engine(pair, ctx_size, batch_size, ubatch_size, threads,
                                 n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose,
                                 kv_type=cache_type, rpc=rpc, tensor_split=tensor_split, draft_rpc=draft_rpc,
                                 rpc_timeout=rpc_timeout)
@@ -354,9 +330,8 @@ def run(
         trace_f = open(trace, "w", encoding="utf-8", buffering=1) if trace else None
         ctrl_c = CtrlC()
         try:
-            opts = GenerateOptions(
-                n_predict=n_predict, n_max=depth, stop=stops, sampling=sampling, should_stop=ctrl_c,
-                trace=(lambda r: trace_f.write(json.dumps(r) + "\n")) if trace_f else None)
+            opts.should_stop = ctrl_c
+            opts.trace = (lambda r: trace_f.write(json.dumps(r) + "\n")) if trace_f else None
             try:
                 if json_out:
                     with ctrl_c:
@@ -424,7 +399,8 @@ def bench(
     if sweep and n_max == "4":
         depths = list(SWEEP_DEPTHS)
     else:
-        depths = [parse_depth(d.strip()) for d in n_max.split(",") if d.strip()]
+        depths = [d.strip() for d in n_max.split(",") if d.strip()]
+    depths = [o.n_max for o in request_options(depths)]
     if json_out is not None:
         check_output_path(json_out, "--json")
     if png is not None:
@@ -440,13 +416,11 @@ def bench(
     else:
         files = [assets.CODE_PROMPTS]
     prompt_sets = {f.stem: assets.read_prompts(f) for f in files}
-    if model is None:
-        model, model_draft = assets.default_pair(model_draft)
-    model_draft = model_draft and native_drafter_path(model_draft, model)  # Poolside's layout: its rewrite
-    if model_draft is None:
+    if model is not None and model_draft is None:
         raise UserError("bench compares speculative decoding with plain decoding: give a drafter with -md")
-    check_depths(depths, model_draft, batch_size)
-    engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
+    pair = open_pair(model, model_draft)
+    request_options(depths, pair, ctx_size, batch_size)
+    engine, placement = _engine(pair, ctx_size, batch_size, ubatch_size, threads,
                                 n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose,
                                 kv_type=cache_type, prompt_cache=False,  # each prompt measured from scratch
                                 rpc=rpc, tensor_split=tensor_split, draft_rpc=draft_rpc, rpc_timeout=rpc_timeout)

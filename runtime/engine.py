@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..convert.gguf_rules import read_header_cached
-
 from .drafter import Drafter
-from .llama import ClosedError, Context, ContextParams, LlamaError, Model, microbatch_for_window
-from .pair import DRAFT_ARCH, check_pair, read_drafter, read_target
-from .sampling import Sampler, SamplingParams
+from .llama import ClosedError, Context, ContextParams, Model, microbatch_for_window
+from .open_pair import PairFiles, open_models, resolve_pair
+from .request import GenerateOptions, PairLimits, check_context
+from .sampling import Sampler
 from .tuner import DepthPolicy, FixedDepth
+
+__all__ = ["Engine", "EngineBusy", "EngineConfig", "GenerateOptions", "GenerationResult", "Stats"]
 
 
 @dataclass
@@ -51,28 +52,6 @@ class EngineConfig:
     draft_rpc: bool = False  # the drafter's layers on the servers too (default: this machine)
     rpc_local_gpu: bool = False  # this machine's GPUs take layers after the servers
     rpc_timeout_s: float = 60.0  # a server silent this long is lost (0: wait forever)
-
-    def model_options(self) -> tuple[dict, dict]:
-        """Model(...) keyword arguments of the target and the drafter (RPC servers are probed and
-        registered here, before any model loads)."""
-        if self.rpc:
-            from . import rpc
-
-            return rpc.model_options(self)
-        return dict(n_gpu_layers=self.n_gpu_layers), dict(n_gpu_layers=self.n_gpu_layers_draft)
-
-
-@dataclass
-class GenerateOptions:
-    n_predict: int = 256
-    n_max: int | str | DepthPolicy = 4  # draft depth; 0 = plain decoding; "auto" = tuned online
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    stop: tuple[str, ...] = ()
-    add_bos: bool = True
-    trace: Callable[[dict], None] | None = None  # called with one dict per round
-    # asked once per round; True ends generation there with stop reason "interrupted" (Ctrl-C,
-    # a client gone), its stats complete up to that round
-    should_stop: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -193,28 +172,22 @@ class Engine:
 
     def __init__(self, target: Model, drafter_path=None, config: EngineConfig | None = None,
                  max_depth: int | None = None, drafter_model: Model | None = None,
-                 draft_options: dict | None = None) -> None:
+                 pair: PairFiles | None = None) -> None:
         """``drafter_model``: the drafter at ``drafter_path`` already loaded, shared by several
         engines over one target ``Model`` (each engine has its own contexts); left open by close().
-        ``draft_options``: Model(...) arguments of a drafter loaded here (EngineConfig.model_options)."""
+        ``pair``: the pair already resolved (runtime/open_pair.py), instead of ``drafter_path``."""
         self.config = cfg = config or EngineConfig()
         self._owned_drafter = None
-        draft_options = draft_options or dict(n_gpu_layers=cfg.n_gpu_layers_draft)
         self._serial = _OneAtATime()
         self._closed = False
-        self._owns_target = False  # Engine.load's model is closed with the engine
+        self._owns_target = False  # Engine.open's model is closed with the engine
         self.target = target
-        self.target_spec = read_target(target.path)
-        draft_spec = None
-        if drafter_path is not None:
-            from ..convert.poolside import native_drafter_path
-
-            from .pair import check_pair, read_drafter
-
-            drafter_path = native_drafter_path(drafter_path, target.path)  # Poolside's layout: its cached rewrite
-            draft_spec = read_drafter(drafter_path)
-            check_pair(draft_spec, self.target_spec)
-        deepest = max_depth if max_depth is not None else (draft_spec.max_draft if draft_spec else 0)
+        if pair is None:
+            pair = resolve_pair(target.path, drafter_path)
+        self.pair = pair
+        self.target_spec = pair.target
+        draft_spec = pair.drafter
+        deepest = max_depth if max_depth is not None else pair.max_draft
         n_ubatch = cfg.n_ubatch or microbatch_for_window(self.target_spec.sliding_window, cfg.n_batch,
                                                          floor=max(64, deepest + 1))
         # A verify pass must be one ubatch, or the sliding-window cache may evict cells that a
@@ -230,34 +203,38 @@ class Engine:
         self.drafter: Drafter | None = None
         if draft_spec is not None:
             if drafter_model is None and cfg.rpc:
-                from .llama import Model as _Model
-
-                drafter_model = self._owned_drafter = _Model(drafter_path, **draft_options)
-            self.drafter = Drafter(drafter_path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
+                drafter_model = self._owned_drafter = Model(draft_spec.path, n_gpu_layers=cfg.n_gpu_layers_draft)
+            self.drafter = Drafter(draft_spec.path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
                                    kv_type=cfg.kv_type, n_threads=cfg.n_threads, spec=draft_spec,
                                    check_target=False, model=drafter_model)
             self.drafter.enable_capture()
 
     @classmethod
     def load(cls, target_path, drafter_path=None, config: EngineConfig | None = None) -> "Engine":
-        cfg = config or EngineConfig()
-        from .llama import set_verbose
+        """Resolve the pair (every header value llama.cpp reads is range-checked, the pair
+        checked, before any model exists) and open it."""
+        return cls.open(resolve_pair(target_path, drafter_path), config)
 
-        set_verbose(cfg.verbose)
-        # Every header value llama.cpp reads is range-checked before any model exists; a drafter
-        # in another layout (Poolside's) is checked once rewritten, in __init__.
-        target_spec = read_target(target_path)
-        if drafter_path is not None and read_header_cached(drafter_path).arch == DRAFT_ARCH:
-            check_pair(read_drafter(drafter_path), target_spec)
-        target_options, draft_options = cfg.model_options()  # RPC servers: probed before any model loads
-        model = Model(target_path, **target_options)
+    @classmethod
+    def open(cls, pair: PairFiles, config: EngineConfig | None = None) -> "Engine":
+        """An engine over a resolved pair, with models of its own (closed with the engine)."""
+        cfg = config or EngineConfig()
+        target, drafter_model = open_models(pair, cfg)  # RPC servers: probed before any model loads
         try:
-            engine = cls(model, drafter_path, cfg, draft_options=draft_options)
+            engine = cls(target, config=cfg, drafter_model=drafter_model, pair=pair)
         except BaseException:
-            model.close()
+            if drafter_model is not None:
+                drafter_model.close()
+            target.close()
             raise
         engine._owns_target = True
+        engine._owned_drafter = drafter_model
         return engine
+
+    @property
+    def limits(self) -> PairLimits:
+        """What a request may ask of this engine (GenerateOptions.check_limits)."""
+        return self.pair.limits(self.ctx.n_ctx, self.ctx.n_batch)
 
     # ------------------------------------------------------------------ helpers
 
@@ -323,7 +300,8 @@ class Engine:
             self.ctx.seq_rm(n_keep, -1)
         return n_keep
 
-    def _policy(self, n_max: int | str) -> DepthPolicy:
+    def _policy(self, n_max: int | str | DepthPolicy) -> DepthPolicy:
+        """The depth policy of a checked request (GenerateOptions.check_limits)."""
         if isinstance(n_max, DepthPolicy):
             return n_max
         if n_max == "auto":
@@ -335,14 +313,7 @@ class Engine:
             if self._auto is None:
                 self._auto = AutoDepth(self.drafter.spec.max_draft, window=self.drafter.spec.sliding_window)
             return self._auto
-        depth = int(n_max)
-        if depth < 0:
-            raise ValueError(f"n_max: expected >= 0 or 'auto', found {depth}")
-        if depth > 0 and self.drafter is None:
-            raise ValueError("n_max > 0 needs a drafter (-md)")
-        if self.drafter is not None and depth > self.drafter.spec.max_draft:
-            raise ValueError(f"n_max: expected <= {self.drafter.spec.max_draft} (block_size - 1), found {depth}")
-        return FixedDepth(depth)
+        return FixedDepth(n_max)
 
     # ------------------------------------------------------------------ generation
 
@@ -384,11 +355,8 @@ class Engine:
         """Generator: yields each round's newly emitted tokens; returns (stats, stop_reason)."""
         prompt_tokens = self.tokenize(prompt, opts.add_bos) if isinstance(prompt, str) \
             else self.target.check_tokens(prompt)
-        if not prompt_tokens:
-            raise ValueError("empty prompt")
-        if len(prompt_tokens) + opts.n_predict + 16 > self.ctx.n_ctx:
-            raise ValueError(f"prompt ({len(prompt_tokens)} tokens) + n_predict ({opts.n_predict}) "
-                             f"exceeds the context size {self.ctx.n_ctx}; raise -c")
+        opts.check_limits(self.limits)
+        check_context(len(prompt_tokens), opts.n_predict, self.ctx.n_ctx)
         policy = self._policy(opts.n_max)
         sampler = Sampler(opts.sampling)
         # a fixed depth of 0 is plain decoding: no capture, no drafter bookkeeping

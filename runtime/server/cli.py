@@ -14,12 +14,10 @@ from typing import Annotated, Optional
 import typer
 
 from ...convert.errors import UserError
-from ...convert.poolside import native_drafter_path
-
 from .. import assets
 from ..cli import (BatchOpt, CacheOpt, CtxOpt, DeviceOpt, DraftDeviceOpt, DraftOpt, DraftRpcOpt, ForceOpt, ModelOpt,
                    NgldOpt, NglOpt, RpcOpt, RpcTimeoutOpt, TensorSplitOpt, ThreadsOpt, UbatchOpt, VerboseOpt,
-                   check_cache_type, check_depths, check_range, check_sizes, engine_config, parse_depth)
+                   check_cache_type, check_range, check_sizes, engine_config, open_pair, request_options)
 
 serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
 
@@ -106,14 +104,13 @@ def serve(
         raise UserError("--api-key: expected a non-empty key, found ''")
     if alias is not None and not alias.strip():
         raise UserError("--alias: expected a non-empty model id, found ''")
-    depth = parse_depth(n_max) if n_max is not None else None
+    if n_max is not None:
+        request_options([n_max])
     template = read_template(chat_template_file)
-    if model is None:
-        model, model_draft = assets.default_pair(model_draft)
-    model_draft = model_draft and native_drafter_path(model_draft, model)
-    if depth is None:
-        depth = 4 if model_draft is not None else 0
-    check_depths([depth], model_draft, batch_size)
+    pair = open_pair(model, model_draft)
+    depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
+    (default,) = request_options([depth], pair, ctx_size, batch_size)
+    depth = default.n_max
     if threads == 0:
         threads = max(1, (os.cpu_count() or 1) // parallel)
 
@@ -130,10 +127,10 @@ def serve(
     sock = bind(host, port)
     try:
         try:
-            pool = load_pool(model, model_draft, cfg, parallel=parallel, max_queue=max_queue)
+            pool = load_pool(pair.target.path, None, cfg, parallel=parallel, max_queue=max_queue, pair=pair)
         except LlamaError as e:
             raise UserError(str(e)) from None
-        settings = ServerSettings(model_id=alias or Path(model).name, n_max=depth, api_key=api_key,
+        settings = ServerSettings(model_id=alias or pair.target.path.name, n_max=depth, api_key=api_key,
                                   chat_template=template,
                                   chat_template_source=str(chat_template_file) if chat_template_file else None)
         try:

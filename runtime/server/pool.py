@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..engine import Engine, EngineConfig, GenerateOptions, GenerationResult
 from ..llama import Model
+from ..open_pair import PairFiles, open_models, resolve_pair
 from ..rpc import RpcError
 from .metrics import Metrics
 
@@ -333,27 +334,19 @@ class SlotPool:
 
 
 def load_pool(target_path: str | Path, drafter_path: str | Path | None, config: EngineConfig,
-              parallel: int = 1, max_queue: int = 16, metrics: Metrics | None = None) -> SlotPool:
-    """Load the target and the drafter once and make ``parallel`` engines over them."""
-    from ...convert.poolside import native_drafter_path
-
-    from ..llama import set_verbose
-
+              parallel: int = 1, max_queue: int = 16, metrics: Metrics | None = None,
+              pair: PairFiles | None = None) -> SlotPool:
+    """Load the target and the drafter once and make ``parallel`` engines over them
+    (``pair``: already resolved by the caller, runtime/open_pair.py)."""
     if parallel < 1:
         raise ValueError(f"parallel: expected >= 1, found {parallel}")
-    set_verbose(config.verbose)
-    target_options, draft_options = config.model_options()  # RPC servers: probed before any model loads
-    target = Model(target_path, **target_options)
-    models = [target]
+    pair = pair or resolve_pair(target_path, drafter_path)
+    target, drafter_model = open_models(pair, config)  # RPC servers: probed before any model loads
+    models = [m for m in (target, drafter_model) if m is not None]
     engines: list[Engine] = []
     try:
-        drafter_model = None
-        if drafter_path is not None:
-            drafter_path = native_drafter_path(drafter_path, target.path)
-            drafter_model = Model(drafter_path, **draft_options)
-            models.append(drafter_model)
         for _ in range(parallel):
-            engines.append(Engine(target, drafter_path, config, drafter_model=drafter_model))
+            engines.append(Engine(target, config=config, drafter_model=drafter_model, pair=pair))
     except BaseException:
         for e in engines:
             e.close()
