@@ -27,6 +27,7 @@ from .llama import ClosedError, Context, ContextParams, Model, microbatch_for_wi
 from .open_pair import PairFiles, open_models, resolve_pair
 from .request import GenerateOptions, PairLimits, check_context
 from .sampling import Sampler
+from .stops import TextCutter
 from .tuner import DepthPolicy, FixedDepth
 
 __all__ = ["Engine", "EngineBusy", "EngineConfig", "GenerateOptions", "GenerationResult", "Stats"]
@@ -318,41 +319,30 @@ class Engine:
     # ------------------------------------------------------------------ generation
 
     def generate(self, prompt: str | list[int], options: GenerateOptions | None = None) -> GenerationResult:
-        with self._serial.hold(reentrant=False):
-            self._check_open()
-            return self._generate(prompt, options)
-
-    def _generate(self, prompt: str | list[int], options: GenerateOptions | None) -> GenerationResult:
-        tokens: list[int] = []
-        gen = self._run(prompt, options or GenerateOptions(), tokens)
-        stop_reason = "length"
-        try:
-            while True:
-                next(gen)
-        except StopIteration as e:
-            stats, stop_reason = e.value
-        text = self.detokenize(tokens)
-        if stop_reason == "stop":
-            text = text[:min((text.find(s) for s in (options or GenerateOptions()).stop if s in text), default=len(text))]
-        return GenerationResult(tokens=tokens, text=text, stats=stats, stop_reason=stop_reason)
-
-    def stream(self, prompt: str | list[int], options: GenerateOptions | None = None) -> Iterator[str]:
-        """Text pieces as tokens are accepted (a whole accepted run at a time). The engine is
-        held from the first piece until the stream ends or is closed."""
+        """The whole generation; its text is what ``stream`` yields, joined."""
         with self._serial.hold(reentrant=False):
             self._check_open()
             tokens: list[int] = []
-            pending = b""
-            for new in self._run(prompt, options or GenerateOptions(), tokens):
-                pending += b"".join(self.target.token_bytes(t) for t in new)
-                text, pending = _split_utf8(pending)
-                if text:
-                    yield text
-            if pending:
-                yield pending.decode("utf-8", errors="replace")
+            pieces: list[str] = []
+            run = self._run(prompt, options or GenerateOptions(), tokens)
+            while True:
+                try:
+                    pieces.append(next(run))
+                except StopIteration as e:
+                    stats, stop_reason = e.value
+                    break
+            return GenerationResult(tokens=tokens, text="".join(pieces), stats=stats, stop_reason=stop_reason)
+
+    def stream(self, prompt: str | list[int], options: GenerateOptions | None = None) -> Iterator[str]:
+        """Text pieces as tokens are accepted (a whole accepted run at a time), cut at the first
+        stop string. The engine is held from the first piece until the stream ends or is closed."""
+        with self._serial.hold(reentrant=False):
+            self._check_open()
+            yield from self._run(prompt, options or GenerateOptions(), [])
 
     def _run(self, prompt, opts: GenerateOptions, out: list[int]):
-        """Generator: yields each round's newly emitted tokens; returns (stats, stop_reason)."""
+        """Generator: yields the final text of each round's emitted tokens (none of a stop
+        string) and appends the tokens to ``out``; returns (stats, stop_reason)."""
         prompt_tokens = self.tokenize(prompt, opts.add_bos) if isinstance(prompt, str) \
             else self.target.check_tokens(prompt)
         opts.check_limits(self.limits)
@@ -370,20 +360,21 @@ class Engine:
         n_past = len(prompt_tokens)  # the target's KV cache holds positions [0, n_past)
         emitted = [bonus]
         stop_reason = "length"
+        cutter = TextCutter(opts.stop)
 
         rec.generation_begins()
         while True:
             # ---- emit what the last round produced, up to the first stop condition (a round's
             # cost, as the tuner sees it, starts here)
             rec.round_begins()
-            n_keep, reason = self._stop_check(out, emitted, opts)
+            n_keep, reason, text = self._stop_check(out, emitted, opts, cutter)
             if reason is None and opts.should_stop is not None and opts.should_stop():
                 reason = "interrupted"
             kept = emitted[:n_keep]
             out.extend(kept)
             history.extend(kept)
-            if kept:
-                yield kept
+            if text:
+                yield text
             if reason is not None:
                 stop_reason = reason
                 break
@@ -432,6 +423,9 @@ class Engine:
             seq = prompt_tokens + out
             self._cached = seq[:min(len(seq), self.ctx.pos_max() + 1)]
         self.last_stats, self.last_stop_reason = stats, stop_reason
+        rest = cutter.finish()  # text held back as a possible stop string's start, which it was not
+        if rest:
+            yield rest
         return stats, stop_reason
 
     def _prefill(self, prompt_tokens: list[int], drafter: Drafter | None, sampler: Sampler, stats: Stats) -> int:
@@ -452,24 +446,23 @@ class Engine:
         stats.t_prefill = time.perf_counter() - t0
         return bonus
 
-    def _stop_check(self, out: list[int], emitted: list[int], opts: GenerateOptions) -> tuple[int, str | None]:
-        """How many of this round's tokens to keep, and why generation stops (None: it goes on).
-        An end-of-generation token is dropped; a stop string ends generation with the token
-        that completes it (the text is cut at the string by generate())."""
+    def _stop_check(self, out: list[int], emitted: list[int], opts: GenerateOptions,
+                    cutter: TextCutter) -> tuple[int, str | None, str]:
+        """How many of this round's tokens to keep, why generation stops (None: it goes on), and
+        the text they add. An end-of-generation token is dropped; a stop string ends generation
+        with the token that completes it, and its text is cut where the string begins."""
         if len(out) >= opts.n_predict:  # n_predict 0: the prefill's token is not emitted either
-            return 0, "length"
-        tail = b"".join(self.target.token_bytes(t) for t in out[-16:]) if opts.stop else b""
+            return 0, "length", ""
+        pieces = []
         for j, tok in enumerate(emitted):
             if self.target.is_eog(tok):
-                return j, "eog"
-            if opts.stop:
-                tail += self.target.token_bytes(tok)
-                text = tail.decode("utf-8", errors="ignore")
-                if any(s in text for s in opts.stop):
-                    return j + 1, "stop"
+                return j, "eog", "".join(pieces)
+            pieces.append(cutter.feed(self.target.token_bytes(tok)))
+            if cutter.stopped:
+                return j + 1, "stop", "".join(pieces)
             if len(out) + j + 1 >= opts.n_predict:
-                return j + 1, "length"
-        return len(emitted), None
+                return j + 1, "length", "".join(pieces)
+        return len(emitted), None, "".join(pieces)
 
     def close(self) -> None:
         """Free both contexts (and the target model when Engine.load made it); waits for a
@@ -543,13 +536,3 @@ class _Recorder:
             setattr(s, field_name, getattr(s, field_name) + self.totals[phase])
         s.n_generated = n_generated
         s.policy = self.policy.describe()
-
-
-def _split_utf8(data: bytes) -> tuple[str, bytes]:
-    """Decode the longest complete UTF-8 prefix; return it and the incomplete remainder."""
-    for cut in range(len(data), max(-1, len(data) - 4), -1):
-        try:
-            return data[:cut].decode("utf-8"), data[cut:]
-        except UnicodeDecodeError:
-            continue
-    return data.decode("utf-8", errors="replace"), b""

@@ -44,34 +44,6 @@ class PoolClosed(Exception):
     """The server is shutting down."""
 
 
-class StopFilter:
-    """Streams text with stop strings cut the way ``Engine.generate`` cuts them: at the first
-    occurrence of any stop string. The last ``max(len(stop)) - 1`` characters are held back
-    until they cannot start a stop string any more."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.buf = ""
-        self.stopped = False
-
-    def feed(self, piece: str) -> str:
-        if self.stopped:
-            return ""
-        self.buf += piece
-        cut = min((i for i in (self.buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            out, self.buf, self.stopped = self.buf[:cut], "", True
-            return out
-        n = max(0, len(self.buf) - self.hold)
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def flush(self) -> str:
-        out, self.buf = ("" if self.stopped else self.buf), ""
-        return out
-
-
 @dataclasses.dataclass
 class Outcome:
     """What a finished job reports: a GenerationResult's fields (text cut at the stop string)."""
@@ -252,18 +224,16 @@ class SlotPool:
         engine = slot.engine
         try:
             if job.stream:
-                cut = StopFilter(opts.stop)
                 pending: list[str] = []
                 last = 0.0  # the first text goes out at once
-                for piece in engine.stream(job.tokens, opts):
-                    pending.append(cut.feed(piece))
+                for piece in engine.stream(job.tokens, opts):  # cut at the stop string by the engine
+                    pending.append(piece)
                     now = time.perf_counter()
-                    if now - last >= STREAM_INTERVAL_S and any(pending):
+                    if now - last >= STREAM_INTERVAL_S:
                         job._put(("text", "".join(pending)))
                         pending.clear()
                         last = now
-                pending.append(cut.flush())
-                if any(pending):
+                if pending:
                     job._put(("text", "".join(pending)))
                 stats, reason = engine.last_stats, engine.last_stop_reason
                 outcome = Outcome(tokens=[], text="", stats=stats, stop_reason=reason)
