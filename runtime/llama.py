@@ -25,17 +25,10 @@ import llama_cpp.llama_cpp as ll
 from ..convert.gguf_rules import checked_header
 
 from . import bindings
+from .errors import ClosedError, LlamaError
 
 GGUF_MAGIC = b"GGUF"
 _KV_TYPES = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16}
-
-
-class LlamaError(RuntimeError):
-    """A llama.cpp operation failed or was refused before it could abort the process."""
-
-
-class ClosedError(LlamaError):
-    """A model, context or engine was used after close()."""
 
 
 # ---------------------------------------------------------------------------- logging

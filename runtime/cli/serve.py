@@ -14,10 +14,12 @@ from typing import Annotated, Optional
 import typer
 
 from ...convert.errors import UserError
+
 from .. import assets
-from ..cli import (BatchOpt, CacheOpt, CtxOpt, DeviceOpt, DraftDeviceOpt, DraftOpt, DraftRpcOpt, ForceOpt, ModelOpt,
-                   NgldOpt, NglOpt, RpcOpt, RpcTimeoutOpt, TensorSplitOpt, ThreadsOpt, UbatchOpt, VerboseOpt,
-                   check_cache_type, check_range, check_sizes, engine_config, open_pair, request_options)
+from .options import NMaxOpt, PairFlags, check_range, engine_config, pair_flags, request_options
+
+ThreadsPerSlotOpt = Annotated[int, typer.Option("-t", "--threads", help=(
+    "CPU threads per slot (0: the cores divided among the slots)."))]
 
 serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
 
@@ -64,33 +66,19 @@ def read_template(path: Path | None) -> str | None:
 
 
 @serve_app.command()
+@pair_flags(threads=ThreadsPerSlotOpt)
 def serve(
-    model: ModelOpt = None,
-    model_draft: DraftOpt = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port (0: any free one, printed at start).")] = 8080,
-    n_max: Annotated[Optional[str], typer.Option("--n-max", "--draft-max", show_default=False, help="Default draft depth of a request (its n_max field overrides it): 0..15 or 'auto'. Default: 4 with a drafter, 0 without.")] = None,
+    n_max: NMaxOpt = None,
     parallel: Annotated[int, typer.Option("--parallel", "-np", help="Engine slots: sequences generated at once, each with its own contexts over the one loaded pair.")] = 1,
     max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait for a slot (first in, first out); one more gets 503.")] = 16,
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LAGUNA_API_KEY", show_envvar=True, help="Require Authorization: Bearer KEY on every endpoint but /health.")] = None,
     alias: Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id served by /v1/models (default: the target file's name).")] = None,
     chat_template_file: Annotated[Optional[Path], typer.Option("--chat-template-file", help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template.")] = None,
     no_prompt_cache: Annotated[bool, typer.Option("--no-prompt-cache", help="Prefill every prompt from scratch (no reuse of the last sequence's caches).")] = False,
-    ctx_size: CtxOpt = 4096,
-    batch_size: BatchOpt = 512,
-    ubatch_size: UbatchOpt = 0,
-    threads: Annotated[int, typer.Option("-t", "--threads", help="CPU threads per slot (0: the cores divided among the slots).")] = 0,
-    n_gpu_layers: NglOpt = None,
-    n_gpu_layers_draft: NgldOpt = None,
-    device: DeviceOpt = "auto",
-    draft_device: DraftDeviceOpt = None,
-    force_placement: ForceOpt = False,
-    cache_type: CacheOpt = "f16",
-    verbose: VerboseOpt = False,
-    rpc: RpcOpt = None,
-    tensor_split: TensorSplitOpt = None,
-    draft_rpc: DraftRpcOpt = False,
-    rpc_timeout: RpcTimeoutOpt = 60.0,
+    *,
+    flags: PairFlags,
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /health and
     /metrics, drafting every request with the DFlash drafter."""
@@ -98,8 +86,7 @@ def serve(
     check_range("--port", port, 0, 65535)
     check_range("--parallel", parallel, 1, MAX_PARALLEL)
     check_range("--max-queue", max_queue, 0)
-    check_sizes(ctx_size, batch_size, ubatch_size, threads)
-    check_cache_type(cache_type)
+    flags.check()
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key, found ''")
     if alias is not None and not alias.strip():
@@ -107,23 +94,20 @@ def serve(
     if n_max is not None:
         request_options([n_max])
     template = read_template(chat_template_file)
-    pair = open_pair(model, model_draft)
+    pair = flags.open_pair()
     depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
-    (default,) = request_options([depth], pair, ctx_size, batch_size)
+    (default,) = request_options([depth], pair, flags)
     depth = default.n_max
-    if threads == 0:
-        threads = max(1, (os.cpu_count() or 1) // parallel)
+    if flags.threads == 0:
+        flags.threads = max(1, (os.cpu_count() or 1) // parallel)
 
     import uvicorn
 
     from ..llama import LlamaError
-    from .app import ServerSettings, create_app
-    from .pool import load_pool
+    from ..server.app import ServerSettings, create_app
+    from ..server.pool import load_pool
 
-    cfg, placement = engine_config(ctx_size, batch_size, ubatch_size, threads, n_gpu_layers, n_gpu_layers_draft,
-                                   device, draft_device, force_placement, verbose, kv_type=cache_type,
-                                   prompt_cache=not no_prompt_cache, rpc=rpc, tensor_split=tensor_split,
-                                   draft_rpc=draft_rpc, rpc_timeout=rpc_timeout)
+    cfg, placement = engine_config(flags, prompt_cache=not no_prompt_cache)
     sock = bind(host, port)
     try:
         try:
@@ -141,11 +125,11 @@ def serve(
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         # plain lines (never wrapped): scripts read the address from them
-        print(f"laguna-run serve: {placement.describe()}; {parallel} slot(s) of {ctx_size} tokens, "
+        print(f"laguna-run serve: {placement.describe()}; {parallel} slot(s) of {flags.ctx_size} tokens, "
               f"n_max {depth}, prompt cache {'off' if no_prompt_cache else 'on'}", file=sys.stderr)
         print(f"laguna-run serve: model id {settings.model_id!r}, listening on http://{shown}:{bound[1]}"
               f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
-        config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
+        config = uvicorn.Config(app, log_level="info" if flags.verbose else "warning", access_log=flags.verbose,
                                 lifespan="on", timeout_graceful_shutdown=5)
         uvicorn.Server(config).run(sockets=[sock])
     finally:
