@@ -25,8 +25,11 @@ import numpy as np
 from .drafter import Drafter
 from .llama import ClosedError, Context, ContextParams, Model, microbatch_for_window
 from .open_pair import PairFiles, open_models, resolve_pair
+from .prompt_cache import PromptCache
+from .proposer import Proposer
 from .request import GenerateOptions, PairLimits, check_context
 from .sampling import Sampler
+from .stats import Recorder, Stats
 from .stops import TextCutter
 from .tuner import DepthPolicy, FixedDepth
 
@@ -53,69 +56,6 @@ class EngineConfig:
     draft_rpc: bool = False  # the drafter's layers on the servers too (default: this machine)
     rpc_local_gpu: bool = False  # this machine's GPUs take layers after the servers
     rpc_timeout_s: float = 60.0  # a server silent this long is lost (0: wait forever)
-
-
-@dataclass
-class Stats:
-    n_prompt: int = 0
-    n_cached: int = 0  # prompt tokens taken from the prompt cache (not prefilled)
-    n_generated: int = 0
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    drafted_at: list[int] = field(default_factory=list)  # per draft position: how often drafted
-    accepted_at: list[int] = field(default_factory=list)  # ... and how often accepted
-    depth_rounds: dict[int, int] = field(default_factory=dict)
-    t_prefill: float = 0.0
-    t_draft: float = 0.0
-    t_verify: float = 0.0
-    t_total: float = 0.0  # generation only (after prefill)
-    t_policy: float = 0.0  # the depth policy's own bookkeeping
-    policy: dict = field(default_factory=dict)
-
-    @property
-    def mean_accepted(self) -> float:
-        return self.accepted / self.rounds if self.rounds else 0.0
-
-    @property
-    def acceptance_by_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.n_generated / self.t_total if self.t_total > 0 else 0.0
-
-    @property
-    def t_host(self) -> float:
-        return max(0.0, self.t_total - self.t_draft - self.t_verify)
-
-    def record_round(self, depth: int, n_accepted: int) -> None:
-        self.rounds += 1
-        self.depth_rounds[depth] = self.depth_rounds.get(depth, 0) + 1
-        if depth == 0:
-            return
-        self.drafted += depth
-        self.accepted += n_accepted
-        while len(self.drafted_at) < depth:
-            self.drafted_at.append(0)
-            self.accepted_at.append(0)
-        for i in range(depth):
-            self.drafted_at[i] += 1
-            if i < n_accepted:
-                self.accepted_at[i] += 1
-
-    def as_dict(self) -> dict:
-        return {
-            "n_prompt": self.n_prompt, "n_cached": self.n_cached, "n_generated": self.n_generated, "rounds": self.rounds,
-            "drafted": self.drafted, "accepted": self.accepted,
-            "mean_accepted_per_round": self.mean_accepted,
-            "acceptance_by_position": self.acceptance_by_position,
-            "depth_rounds": {str(k): v for k, v in sorted(self.depth_rounds.items())},
-            "tokens_per_s": self.tokens_per_s,
-            "time_s": {"prefill": self.t_prefill, "generate": self.t_total, "draft": self.t_draft,
-                       "verify": self.t_verify, "host": self.t_host, "policy": self.t_policy},
-            "policy": self.policy,
-        }
 
 
 @dataclass
@@ -198,10 +138,10 @@ class Engine:
             n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
             n_threads=cfg.n_threads, swa_full=swa_full))
         self._auto = None
-        self._cached: list[int] = []  # the tokens whose rows the caches hold (the prompt cache)
+        self.prompt_cache = PromptCache(cfg.prompt_cache)
         self.last_stats: Stats | None = None
         self.last_stop_reason: str | None = None
-        self.drafter: Drafter | None = None
+        self.drafter: Proposer | None = None
         if draft_spec is not None:
             if drafter_model is None and cfg.rpc:
                 drafter_model = self._owned_drafter = Model(draft_spec.path, n_gpu_layers=cfg.n_gpu_layers_draft)
@@ -259,47 +199,16 @@ class Engine:
     def reset(self) -> None:
         with self._serial.hold(reentrant=True):
             self._check_open()
-            self._cached = []
+            self.prompt_cache.forget()
             self.ctx.clear()
             if self.drafter is not None:
                 self.drafter.reset()
 
     def cached_prefix(self, tokens) -> int:
         """How many leading ``tokens`` the prompt cache holds from the last sequence (0 when
-        it is off); a server picks the slot to run a prompt on by it. It reads a snapshot and
-        never waits for a running generation (which empties the cache until it ends)."""
-        cached = self._cached
-        if not self.config.prompt_cache:
-            return 0
-        n = min(len(cached), len(tokens))
-        if n == 0:
-            return 0
-        diff = np.flatnonzero(np.asarray(cached[:n]) != np.asarray(list(tokens[:n])))
-        return int(diff[0]) if len(diff) else n
-
-    def _reuse_prefix(self, prompt_tokens: list[int], drafter: Drafter | None) -> int:
-        """Trim the caches to the longest prefix of the prompt that they hold and return the
-        position prefill starts from; everything before it is reused as it is."""
-        # the last prompt token is always decoded: its logits give the first new token
-        n_keep = min(self.cached_prefix(prompt_tokens), len(prompt_tokens) - 1)
-        self._cached = []  # until this sequence completes, the caches hold no finished one
-        window = self.target_spec.sliding_window
-        if n_keep > 0 and window > 0:
-            # the target's sliding-window layers keep only the cells of a recent window; the
-            # first new query must see the positions after n_keep - window (llama-server's rule)
-            lo = self.ctx.pos_min()
-            if lo < 0 or lo > max(0, n_keep - window):
-                n_keep = 0
-        if n_keep > 0 and self.drafter is not None:
-            if drafter is not None:  # the first draft needs the rows of its window
-                n_keep = self.drafter.trim(n_keep, len(prompt_tokens))
-            else:  # a plain run: keep the drafter's rows of the shared prefix valid
-                self.drafter.truncate(n_keep)
-        if n_keep == 0:
-            self.reset()
-        else:
-            self.ctx.seq_rm(n_keep, -1)
-        return n_keep
+        it is off); a server picks the slot to run a prompt on by it. It never waits for a
+        running generation."""
+        return self.prompt_cache.shared_prefix(tokens)
 
     def _policy(self, n_max: int | str | DepthPolicy) -> DepthPolicy:
         """The depth policy of a checked request (GenerateOptions.check_limits)."""
@@ -354,7 +263,7 @@ class Engine:
         if self.drafter is not None:
             self.drafter.set_capture(drafter is not None)
         stats = Stats(n_prompt=len(prompt_tokens))
-        rec = _Recorder(stats, policy, opts.trace)
+        rec = Recorder(stats, policy, opts.trace)
         bonus = self._prefill(prompt_tokens, drafter, sampler, stats)
         history = list(prompt_tokens)
         n_past = len(prompt_tokens)  # the target's KV cache holds positions [0, n_past)
@@ -417,25 +326,25 @@ class Engine:
             n_past, emitted, bonus = keep, drafts[:n_acc] + [nxt], nxt
 
         rec.generation_ends(len(out))
-        if self.config.prompt_cache:
-            # the prompt cache: the target holds the prompt and the emitted tokens up to its last
-            # decoded position (an accepted draft after a stop is left out: recomputed if needed)
-            seq = prompt_tokens + out
-            self._cached = seq[:min(len(seq), self.ctx.pos_max() + 1)]
+        self.prompt_cache.remember(prompt_tokens + out, self.ctx.pos_max() + 1)
         self.last_stats, self.last_stop_reason = stats, stop_reason
         rest = cutter.finish()  # text held back as a possible stop string's start, which it was not
         if rest:
             yield rest
         return stats, stop_reason
 
-    def _prefill(self, prompt_tokens: list[int], drafter: Drafter | None, sampler: Sampler, stats: Stats) -> int:
+    def _prefill(self, prompt_tokens: list[int], drafter: Proposer | None, sampler: Sampler, stats: Stats) -> int:
         """Decode the prompt in n_batch chunks after the prefix the prompt cache holds, injecting
         each chunk's captured rows into the drafter (only the last window of the prompt is
         visible to the first draft); returns the first token."""
         t0 = time.perf_counter()
         if self.drafter is not None:
             self.drafter.drop_pending()  # rows queued by the last sequence's final plain steps
-        stats.n_cached = n_cached = self._reuse_prefix(prompt_tokens, drafter)
+        n_cached = self.prompt_cache.reuse(prompt_tokens, self.ctx, self.target_spec.sliding_window, self.drafter,
+                                           drafting=drafter is not None)
+        if n_cached == 0:
+            self.reset()
+        stats.n_cached = n_cached
         n_batch = self.ctx.n_batch
         for i0 in range(n_cached, len(prompt_tokens), n_batch):
             chunk = prompt_tokens[i0:i0 + n_batch]
@@ -485,54 +394,3 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _Recorder:
-    """The timing and tracing around the round loop. The loop marks where each phase ends;
-    the time since the previous mark goes to that phase's total in Stats ("host" to none:
-    Stats.t_host is what the others leave). At a round's end the depth policy is told the
-    round's wall time (from round_begins, catch-up apart) and the trace gets one record."""
-
-    _FIELDS = {"draft": "t_draft", "catchup": "t_draft", "verify": "t_verify", "policy": "t_policy"}
-
-    def __init__(self, stats: Stats, policy: DepthPolicy, trace: Callable[[dict], None] | None) -> None:
-        self.stats, self.policy, self.trace = stats, policy, trace
-        self.totals = dict.fromkeys(("draft", "catchup", "verify", "policy", "host"), 0.0)
-        self.clock = time.perf_counter
-
-    def generation_begins(self) -> None:
-        self.t_start = self.clock()
-
-    def round_begins(self) -> None:
-        self.t_round = self.last = self.clock()
-        self.t_catchup = self.totals["catchup"]
-
-    def mark(self, phase: str) -> None:
-        now = self.clock()
-        self.totals[phase] += now - self.last
-        self.last = now
-
-    def round_ends(self, depth: int, n_acc: int, bonus: int, drafts: list[int], nxt: int, pos: int,
-                   n_past: int) -> None:
-        now = self.clock()
-        self.totals["host"] += now - self.last
-        if depth:
-            catchup = self.totals["catchup"] - self.t_catchup
-            self.policy.observe(depth, n_acc, now - self.t_round - catchup, catchup)
-        else:
-            self.policy.observe(0, 0, now - self.t_round)
-        self.last = self.clock()
-        self.totals["policy"] += self.last - now
-        self.stats.record_round(depth, n_acc)
-        if self.trace:
-            self.trace({"round": self.stats.rounds, "pos": pos, "depth": depth, "bonus": int(bonus),
-                        "drafted": [int(d) for d in drafts], "accepted": n_acc, "next": int(nxt),
-                        "n_past": n_past, **self.policy.decision()})
-
-    def generation_ends(self, n_generated: int) -> None:
-        s = self.stats
-        s.t_total = self.clock() - self.t_start
-        for phase, field_name in self._FIELDS.items():
-            setattr(s, field_name, getattr(s, field_name) + self.totals[phase])
-        s.n_generated = n_generated
-        s.policy = self.policy.describe()

@@ -107,3 +107,20 @@ def test_laguna_run_is_split_by_command():
     assert not (REPO / "runtime" / "cli.py").exists()
     for f in (REPO / "runtime" / "cli").glob("*.py"):
         assert len(f.read_text(encoding="utf-8").splitlines()) < 300, f
+
+
+def test_the_engine_asks_the_drafter_only_what_the_proposer_protocol_lists():
+    from laguna_dflash.runtime.drafter import Drafter
+    from laguna_dflash.runtime.proposer import Proposer
+
+    allowed = {n for n in vars(Proposer) if not n.startswith("_")} | set(Proposer.__annotations__)
+    used = set()
+    for f in ("engine.py", "prompt_cache.py"):
+        for node in ast.walk(ast.parse((REPO / "runtime" / f).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute):
+                owner = node.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+                if name in ("drafter", "proposer"):
+                    used.add(node.attr)
+    assert used and used <= allowed, used - allowed
+    assert all(callable(getattr(Drafter, n)) for n in allowed - {"spec"})
