@@ -4,6 +4,7 @@ it, stop generating there and report "stop"; streamed text equals the whole text
 
 from __future__ import annotations
 
+import codecs
 import json
 import random
 
@@ -19,9 +20,18 @@ N_PREDICT = 64
 PROMPT = "def quicksort(xs):"
 
 
-def cut_at_first_stop(text: str, stops) -> str:
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return text[:min(hits)] if hits else text
+def expected_cut(chunks: list[bytes], stops) -> tuple[str, int | None]:
+    """The text a generation of these byte chunks (tokens) shows when it stops at the first
+    chunk that completes any stop string, cut where the earliest stop string it then holds
+    begins; and how many chunks it took (None: no stop string)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text = ""
+    for k, chunk in enumerate(chunks, 1):
+        text += decoder.decode(chunk)
+        hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+        if hits:
+            return text[:min(hits)], k
+    return text + decoder.decode(b"", final=True), None
 
 
 # ---------------------------------------------------------------------- the cutter alone
@@ -37,13 +47,14 @@ def test_cutter_property_random_text_random_chunks_random_stops():
             for i in (rng.randrange(max(1, len(text))) for _ in range(rng.randint(1, 3))))
         stops = tuple(s for s in stops if s) or ("zz",)
         data = text.encode()
-        cutter, out, i = TextCutter(stops), [], 0
+        chunks, i = [], 0
         while i < len(data):  # byte chunks: multi-byte characters are split between tokens
             j = i + rng.randint(1, 5)
-            out.append(cutter.feed(data[i:j]))
+            chunks.append(data[i:j])
             i = j
-        out.append(cutter.finish())
-        want = cut_at_first_stop(text, stops)
+        cutter = TextCutter(stops)
+        out = [cutter.feed(c) for c in chunks] + [cutter.finish()]
+        want, _ = expected_cut(chunks, stops)
         assert "".join(out) == want, (text, stops, out)
         assert cutter.stopped == any(s in text for s in stops)
 
@@ -93,13 +104,10 @@ def check_stop_set(engine, full, stops, n_max):
     opts = GenerateOptions(n_predict=N_PREDICT, n_max=n_max, stop=stops)
     whole = engine.generate(PROMPT, opts)
     streamed = "".join(engine.stream(PROMPT, opts))
-    want = cut_at_first_stop(full.text, stops)
+    want, k = expected_cut([engine.target.token_bytes(t) for t in full.tokens], stops)
     assert whole.text == streamed == want, stops
     assert whole.stop_reason == "stop"
     # generation stopped at the token that completes the first stop string, not later
-    first_end = min(full.text.find(s) + len(s) for s in stops if s in full.text)
-    ends = token_ends(engine, full.tokens)
-    k = next(i for i, e in enumerate(ends) if e >= first_end) + 1
     assert whole.tokens == full.tokens[:k]
 
 

@@ -14,20 +14,20 @@ from ...convert.errors import UserError
 
 from .. import assets
 from .interrupt import CtrlC, Interrupted
-from .options import PairFlags, RpcFailed, check_output_path, check_range, engine_config, err, open_engine, \
+from .options import Command, switch, PairFlags, RpcFailed, check_output_path, check_range, engine_config, err, open_engine, \
     pair_flags, request_options
 
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
 
 
-@bench_app.command()
+@bench_app.command(cls=Command)
 @pair_flags
 def bench(
     prompts: Annotated[Optional[list[Path]], typer.Option("--prompts", help="Prompt file(s): prompts separated by lines of '---'. Default: the bundled held-out code prompts.")] = None,
     n_max: Annotated[str, typer.Option("--n-max", "--draft-max", help="Comma-separated depths to compare with plain decoding (0 is always measured), e.g. 1,2,4,8,auto.")] = "4",
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens per prompt.")] = 96,
     repeats: Annotated[int, typer.Option("--repeats", help="Interleaved repetitions of the whole set (noise control).")] = 1,
-    sweep: Annotated[bool, typer.Option("--sweep", help="Content kinds (code, table, prose) x depths 1,2,4,8,15,auto (overridable with --prompts / --n-max).")] = False,
+    sweep: Annotated[bool, switch("--sweep", help="Content kinds (code, table, prose) x depths 1,2,4,8,15,auto (overridable with --prompts / --n-max).")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here.")] = None,
     png: Annotated[Optional[Path], typer.Option("--png", help="Draw the speedups as a PNG chart here.")] = None,
     *,

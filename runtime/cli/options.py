@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+import typer.core
 from rich.console import Console
 
 from ...convert.errors import UserError
@@ -38,6 +39,21 @@ FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p
 
 def _flag(*names: str, help: str, **kw) -> typer.models.OptionInfo:
     return typer.Option(*names, help=help, **kw)
+
+
+class Command(typer.core.TyperCommand):
+    """typer's command, whose --help shows no value type either (typer's help shows <bool>)."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+def switch(*names: str, help: str) -> typer.models.OptionInfo:
+    """A boolean flag: given or not, no value (the help shows no type for it)."""
+    return typer.Option(*names, help=help, metavar="")
 
 
 ModelOpt = Annotated[Optional[Path], _flag("-m", "--model", help="Target GGUF (a Laguna model). Default: the bundled "
@@ -69,18 +85,18 @@ class PairFlags:
     device: Annotated[str, _flag("--device", help=(
         "auto | cpu | cuda. auto: CUDA when this wheel has it and a GPU is present."))] = "auto"
     draft_device: Annotated[Optional[str], _flag("--draft-device", help="Drafter device (default: the target's).")] = None
-    force_placement: Annotated[bool, _flag("--force-placement", help=(
+    force_placement: Annotated[bool, switch("--force-placement", help=(
         "Allow a CPU drafter next to a GPU target (it loses at every measured depth)."))] = False
     cache_type: Annotated[str, _flag("--cache-type", help=(
         "KV cache type of both contexts: f16, or f32 for bit-exact greedy comparisons with plain decoding."))] = "f16"
-    verbose: Annotated[bool, _flag("--verbose", "-v", help="Show llama.cpp's log.")] = False
+    verbose: Annotated[bool, switch("--verbose", "-v", help="Show llama.cpp's log.")] = False
     rpc: Annotated[Optional[str], _flag("--rpc", help=(
         "Comma-separated rpc-servers HOST:PORT (laguna-rpc-server on each): the target's layers go there, "
         "the drafter stays here."))] = None
     tensor_split: Annotated[Optional[str], _flag("--tensor-split", "-ts", help=(
         "Proportions of the offloaded layers per device, in --rpc order (then this machine's GPU), e.g. 3,1. "
         "Default: by free memory."))] = None
-    draft_rpc: Annotated[bool, _flag("--draft-rpc", help="Put the drafter's layers on the --rpc servers too.")] = False
+    draft_rpc: Annotated[bool, switch("--draft-rpc", help="Put the drafter's layers on the --rpc servers too.")] = False
     rpc_timeout: Annotated[float, _flag("--rpc-timeout", help=(
         "Seconds an RPC server may stay silent before it counts as lost (0: forever)."))] = 60.0
 

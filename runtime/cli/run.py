@@ -15,7 +15,7 @@ from ...convert.errors import UserError
 from .. import assets
 from ..chat_template import TEMPLATE_KEY, render_chat
 from .interrupt import CtrlC, Interrupted
-from .options import NMaxOpt, PairFlags, RpcFailed, check_output_path, engine_config, err, open_engine, \
+from .options import Command, switch, NMaxOpt, PairFlags, RpcFailed, check_output_path, engine_config, err, open_engine, \
     pair_flags, request_options
 
 SUBCOMMANDS = """Commands (the first argument; run is the default):
@@ -61,14 +61,14 @@ def stats_table(stats, title: str = "laguna-run") -> Table:
     return t
 
 
-@run_app.command(epilog=SUBCOMMANDS.replace("\n", "\n\n"))
+@run_app.command(cls=Command, epilog=SUBCOMMANDS.replace("\n", "\n\n"))
 @pair_flags
 def run(
     prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="Prompt text.")] = None,
     file: Annotated[Optional[Path], typer.Option("-f", "--file", help="Read the prompt from a file ('-': standard input).")] = None,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 128,
     n_max: NMaxOpt = None,
-    chat: Annotated[bool, typer.Option("--chat", help="Wrap the prompt in the GGUF's chat template.")] = False,
+    chat: Annotated[bool, switch("--chat", help="Wrap the prompt in the GGUF's chat template.")] = False,
     temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy (exact: same tokens as plain decoding).")] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k")] = 40,
     top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
@@ -76,7 +76,7 @@ def run(
     repeat_penalty: Annotated[float, typer.Option("--repeat-penalty")] = 1.0,
     seed: Annotated[Optional[int], typer.Option("--seed", "-s", help="RNG seed for sampling (-1: a random one).")] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text + stats) instead of streaming.")] = False,
+    json_out: Annotated[bool, switch("--json", help="Print one JSON object (text + stats) instead of streaming.")] = False,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write one JSON line per round to this file.")] = None,
     *,
     flags: PairFlags,

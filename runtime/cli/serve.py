@@ -16,7 +16,7 @@ import typer
 from ...convert.errors import UserError
 
 from .. import assets
-from .options import NMaxOpt, PairFlags, check_range, engine_config, pair_flags, request_options
+from .options import Command, switch, NMaxOpt, PairFlags, check_range, engine_config, pair_flags, request_options
 
 ThreadsPerSlotOpt = Annotated[int, typer.Option("-t", "--threads", help=(
     "CPU threads per slot (0: the cores divided among the slots)."))]
@@ -65,7 +65,7 @@ def read_template(path: Path | None) -> str | None:
     return text
 
 
-@serve_app.command()
+@serve_app.command(cls=Command)
 @pair_flags(threads=ThreadsPerSlotOpt)
 def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
@@ -76,7 +76,7 @@ def serve(
     api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LAGUNA_API_KEY", show_envvar=True, help="Require Authorization: Bearer KEY on every endpoint but /health.")] = None,
     alias: Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id served by /v1/models (default: the target file's name).")] = None,
     chat_template_file: Annotated[Optional[Path], typer.Option("--chat-template-file", help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template.")] = None,
-    no_prompt_cache: Annotated[bool, typer.Option("--no-prompt-cache", help="Prefill every prompt from scratch (no reuse of the last sequence's caches).")] = False,
+    no_prompt_cache: Annotated[bool, switch("--no-prompt-cache", help="Prefill every prompt from scratch (no reuse of the last sequence's caches).")] = False,
     *,
     flags: PairFlags,
 ) -> None:
