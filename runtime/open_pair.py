@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..convert.poolside import native_drafter_path
 
-from .pair import DrafterSpec, TargetSpec, check_pair, read_drafter, read_target
+from ..convert.gguf.specs import DrafterSpec, TargetSpec, check_pair, read_drafter, read_target
 from .request import PairLimits
 
 

@@ -53,7 +53,7 @@ def main(argv=None) -> int:
 
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.llama import Context, ContextParams, Model
-    from laguna_dflash.runtime.pair import read_drafter
+    from laguna_dflash.convert.gguf.specs import read_drafter
     from laguna_dflash.runtime.placement import resolve
 
     placement = resolve(args.device)

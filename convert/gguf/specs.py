@@ -1,4 +1,4 @@
-"""Read a drafter's and a target's contract from their GGUF headers, and check the pair.
+"""The one GGUF-side type of a target and of a drafter, read from their headers, and the pair check.
 
 All of this runs in Python, on metadata alone, before llama.cpp sees either file: a bad file
 or a mismatched pair becomes a one-line :class:`convert.errors.ContractError` (exit code 2)
@@ -10,26 +10,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from collections.abc import Sequence
 
-from ..convert import gguf_keys as K
-from ..convert.errors import ContractError
-from ..convert.gguf_header import Header
-from ..convert.gguf_rules import checked_header, read_header_cached
-from ..convert.pairing import TOKENS, TargetFacts, header_tokens, pairing_problems
+from ..errors import ContractError
+from . import keys as K
+from .header import Header
+from .pairing import TOKENS, header_tokens, pairing_problems
+from .rules import checked_header, read_header_cached
 
 DRAFT_ARCH = K.ARCH
 
 
 @dataclass(frozen=True)
 class TargetSpec:
+    """A target as a drafter must agree with it (convert/gguf/pairing.py) and the runtime sizes it.
+    ``sliding_window``: 0 for full attention, and where the source does not say (an HF directory
+    read by the converter)."""
+
     path: Path
     arch: str
+    name: str
     n_layer: int
     n_embd: int
     n_vocab: int
     sliding_window: int
-    facts: TargetFacts  # what a drafter must agree with (convert/pairing.py)
+    tokens: Sequence[bytes]
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class DrafterSpec:
 
 
 def read_target(path: str | Path) -> TargetSpec:
-    """The target's contract; every header value llama.cpp reads is range-checked (convert/gguf_rules.py)."""
+    """The target's contract; every header value llama.cpp reads is range-checked (convert/gguf/rules.py)."""
     path = Path(path)
     header = checked_header(path)
     arch = header.arch
@@ -69,9 +74,8 @@ def read_target(path: str | Path) -> TargetSpec:
     n_layer, n_embd = header.get(f"{arch}.block_count"), header.get(f"{arch}.embedding_length")
     name = header.get(K.GENERAL_NAME) or path.stem
     return TargetSpec(
-        path=path, arch=arch, n_layer=n_layer, n_embd=n_embd, n_vocab=len(tokens),
-        sliding_window=header.get(f"{arch}.attention.sliding_window") or 0,
-        facts=TargetFacts(str(name), n_layer, n_embd, tokens),
+        path=path, arch=arch, name=str(name), n_layer=n_layer, n_embd=n_embd, n_vocab=len(tokens),
+        sliding_window=header.get(f"{arch}.attention.sliding_window") or 0, tokens=tokens,
     )
 
 
@@ -102,11 +106,7 @@ def read_header_checked_arch(path: Path, arch: str) -> Header:
 
 def check_pair(drafter: DrafterSpec, target: TargetSpec) -> None:
     """Raise the first ContractError (naming the drafter file) when the two cannot work together."""
-    problems = pairing_problems(drafter.path, read_header_cached(drafter.path), target.facts)
+    problems = pairing_problems(drafter.path, read_header_cached(drafter.path), target)
     if problems:
         raise problems[0]
 
-
-def fuse_features(rows_by_slot: list[np.ndarray]) -> np.ndarray:
-    """Concatenate captured rows [T, H] of each target layer (in target_layer_ids order) to [T, n*H]."""
-    return np.concatenate(rows_by_slot, axis=1)

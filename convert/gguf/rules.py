@@ -6,7 +6,7 @@ a division by zero or an abort that kills the whole process — at load, or late
 decode. Every rule here is one such value; :func:`header_problems` checks a header against them
 and returns one :class:`~convert.errors.ContractError` per violation (file, key, expected,
 found). ``laguna-gguf inspect`` (convert/drafter_info.py), the converter's target reader and the
-runtime's loader (runtime/pair.py, runtime/llama.py) all use this module, so each rule lives in
+runtime's loader (convert/gguf/specs.py, runtime/llama.py) all use this module, so each rule lives in
 one place.
 
 To add a key, add one line to :data:`MODEL_RULES` (any architecture, key ``{arch}.<suffix>``),
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from gguf import GGUFValueType as T
 
-from . import gguf_keys as K
-from .errors import ContractError
-from .gguf_header import Header, Value, read_header
+from . import keys as K
+from ..errors import ContractError
+from .header import Header, Value, read_header
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
 LLAMA_MAX_EXPERTS = 1024
@@ -349,7 +349,7 @@ def check_header(header: Header, *, require: bool = True, before_load: bool = Fa
 
 
 def read_header_cached(path: Path | str) -> Header:
-    """:func:`~convert.gguf_header.read_header`, once per file version: loading a pair reads each
+    """:func:`~convert.gguf.header.read_header`, once per file version: loading a pair reads each
     header several times (contracts, then each model's own check)."""
     p = Path(path)
     try:

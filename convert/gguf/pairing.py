@@ -2,33 +2,22 @@
 
 ``laguna-gguf inspect --target`` lists every problem; the runtime (``Engine``, ``Drafter``)
 raises the first before llama.cpp sees either file. Both read the drafter's header (range-checked
-by :mod:`convert.gguf_rules` first) and the target's :class:`TargetFacts`. The checkpoint-side
+by :mod:`convert.gguf.rules` first) and the target's :class:`~convert.gguf.specs.TargetSpec`. The checkpoint-side
 rules, on ``config.json`` before a conversion, are :func:`convert.checkpoint.check_pair`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from gguf import GGUFValueType
 
-from . import gguf_keys as K
-from .errors import ContractError
-from .gguf_header import Header
+from . import keys as K
+from ..errors import ContractError
+from .header import Header
 
 TOKENS = "tokenizer.ggml.tokens"
-
-
-@dataclass(frozen=True)
-class TargetFacts:
-    """What a drafter must agree with in its target."""
-
-    name: str
-    n_layer: int
-    hidden_size: int
-    tokens: Sequence[bytes]
 
 
 def header_tokens(header: Header) -> Sequence[bytes]:
@@ -44,7 +33,7 @@ def _int(header: Header, key: str) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def pairing_problems(path: Path, drafter: Header, target: TargetFacts) -> list[ContractError]:
+def pairing_problems(path: Path, drafter: Header, target: "TargetSpec") -> list[ContractError]:  # noqa: F821
     """Why the drafter in ``path`` (its header ``drafter``) cannot run with ``target`` ([] when it can)."""
     who = f"target {target.name}"
     out: list[ContractError] = []
@@ -56,12 +45,12 @@ def pairing_problems(path: Path, drafter: Header, target: TargetFacts) -> list[C
     if ids and max(ids) >= target.n_layer:
         out.append(ContractError(path, K.TARGET_LAYER_IDS, f"ids below {target.n_layer} (layers of {who})", ids))
     hidden = _int(drafter, K.EMBEDDING_LENGTH)
-    if hidden != target.hidden_size:
-        out.append(ContractError(path, K.EMBEDDING_LENGTH, f"{target.hidden_size} (hidden size of {who})", hidden))
+    if hidden != target.n_embd:
+        out.append(ContractError(path, K.EMBEDDING_LENGTH, f"{target.n_embd} (hidden size of {who})", hidden))
     n_feat = _int(drafter, K.N_TARGET_FEATURES)
-    if ids and n_feat != len(ids) * target.hidden_size:
+    if ids and n_feat != len(ids) * target.n_embd:
         out.append(ContractError(path, K.N_TARGET_FEATURES,
-                                 f"{len(ids) * target.hidden_size} ({len(ids)} x hidden size of {who})", n_feat))
+                                 f"{len(ids) * target.n_embd} ({len(ids)} x hidden size of {who})", n_feat))
     tokens = header_tokens(drafter)
     if len(tokens) != len(target.tokens):
         out.append(ContractError(path, TOKENS, f"{len(target.tokens)} tokens (vocabulary of {who})",
