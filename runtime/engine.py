@@ -14,11 +14,10 @@ leave the target's KV cache and only the accepted rows' captured states enter th
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
