@@ -17,7 +17,7 @@
 # (PEER_DIR defaults to ${LAGUNA_DFLASH_CACHE:-$HOME/.cache/laguna-dflash}/peer). A finished
 # build is not redone (delete its directory to rebuild). JOBS (default 2) sets the parallelism.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 REPO=$PWD
 PEER_DIR=${PEER_DIR:-${LAGUNA_DFLASH_CACHE:-$HOME/.cache/laguna-dflash}/peer}
 JOBS=${JOBS:-2}
