@@ -1,14 +1,14 @@
 """Plain and speculative tokens/s with the target local and over llama.cpp's RPC backend on
 loopback, with an added per-call latency, measured in one run.
 
-    python scripts/bench_rpc.py --json docs/rpc.json --png docs/rpc.png
+    python scripts/bench/bench_rpc.py --json docs/rpc.json --png docs/rpc.png
 
 The bundled laguna-tiny pair (greedy, F16 cache). Configurations, all loaded at once and run in
 turn (interleaved: prompt by prompt, repeat by repeat, so the machine's noise falls on all):
 
 - ``local``: the target on this process's CPU (``-t 1``);
 - ``rpc``: every target layer on a laguna-rpc-server (``--threads 1``) reached directly;
-- ``rpc+Nms``: the same through scripts/delay_proxy.py, which delays everything the client
+- ``rpc+Nms``: the same through scripts/bench/delay_proxy.py, which delays everything the client
   sends by N ms (so each command that waits for an answer costs N ms more) and counts bytes.
 
 The drafter and the target's head stay in the client (laguna-run's default with --rpc). For
@@ -28,8 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-from delay_proxy import DelayProxy
-from recorded import command_line
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
+from bench.delay_proxy import DelayProxy  # noqa: E402
+from recorded import command_line  # noqa: E402
 
 
 def start_server(port: int, threads: int) -> subprocess.Popen:

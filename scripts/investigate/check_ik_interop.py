@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Does our converted drafter run in ik_llama.cpp, with the acceptance laguna-run sees?
 
-    python scripts/check_ik_interop.py                      # the converter's own output
-    python scripts/check_ik_interop.py --rename-ffn-norm    # a copy with blk.N.ffn_norm -> post_attention_norm
+    python scripts/investigate/check_ik_interop.py                      # the converter's own output
+    python scripts/investigate/check_ik_interop.py --rename-ffn-norm    # a copy with blk.N.ffn_norm -> post_attention_norm
 
 Converts the bundled laguna-tiny drafter with ``laguna-gguf convert`` (cached, as the demo
 does), runs the pair greedily in ik's ``llama-spec-bench`` with ``--spec-type dflash:n_max=N``
@@ -12,7 +12,7 @@ ends each generation with ik's budget rule here (``ik_tail_depth``) so that the 
 compare too. Both also decode plainly: where the two targets' greedy outputs part (a near-tie
 the engines' kernels break differently), the speculative texts part as well. Exit 0 when ik
 loads the file and every figure matches, 1 otherwise (ik's own error lines are printed), and 0
-with a message when no ik build is found (``scripts/build_peer.sh`` makes one; ``IK_LLAMA_BIN``
+with a message when no ik build is found (``scripts/bench/build_peer.sh`` makes one; ``IK_LLAMA_BIN``
 names another bin directory).
 
 ik names the pre-FFN norm ``blk.N.post_attention_norm``; converters that still write
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=max(Console().width, 150))
     bin_dir = ik_bin_dir()
     if bin_dir is None:
-        print("no ik_llama.cpp build found (scripts/build_peer.sh builds one; IK_LLAMA_BIN names "
+        print("no ik_llama.cpp build found (scripts/bench/build_peer.sh builds one; IK_LLAMA_BIN names "
               "its bin directory): nothing checked")
         return 0
     target = assets.TINY_TARGET

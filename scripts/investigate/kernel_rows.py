@@ -8,8 +8,8 @@ graph): it builds one ``ggml_mul_mat`` with the shapes and types an op of the ta
 the inputs with seeded random values, computes it once with ``n`` rows and once per row alone,
 and compares the outputs bit for bit.
 
-    python scripts/kernel_rows.py                       # the attention matmuls of the demo target and of XS
-    python scripts/kernel_rows.py --rows 2,5,16 --threads 2
+    python scripts/investigate/kernel_rows.py                       # the attention matmuls of the demo target and of XS
+    python scripts/investigate/kernel_rows.py --rows 2,5,16 --threads 2
 
 Shapes named after llama.cpp's non-flash attention (``build_attn_mha``): ``kq`` multiplies the F16
 K cache view [head_dim, n_kv, n_head_kv] by the permuted F32 queries [head_dim, rows, n_head];

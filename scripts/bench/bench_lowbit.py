@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """4-6-bit drafters (q6_k, q5_k_m, q4_k_m, q4_0) against Q8_0, on the tiny pair and at XS 2.1 widths.
 
-    .venv/bin/python scripts/bench_lowbit.py --json docs/lowbit.json --png docs/lowbit.png
-    .venv/bin/python scripts/bench_lowbit.py --part tiny --repeats 5
-    .venv/bin/python scripts/bench_lowbit.py --from-json docs/lowbit.json --png docs/lowbit.png   # tables/chart only
+    .venv/bin/python scripts/bench/bench_lowbit.py --json docs/lowbit.json --png docs/lowbit.png
+    .venv/bin/python scripts/bench/bench_lowbit.py --part tiny --repeats 5
+    .venv/bin/python scripts/bench/bench_lowbit.py --from-json docs/lowbit.json --png docs/lowbit.png   # tables/chart only
 
 **Tiny pair** (the bundled laguna-tiny target and its drafter, converted here with
 ``laguna-gguf convert --outtype T`` for T in q8_0 and the 4-6-bit types): one process, one target
@@ -12,7 +12,7 @@ model, one engine per drafter. A repetition runs every prompt (the first ``--pro
 ``--depths``), the configurations in a fresh random order for each prompt. Greedy decoding.
 
 **XS 2.1 widths** (random weights; acceptance cannot be measured there): the cost-model harness's
-random XS 2.1 drafter checkpoint (``scripts/bench_cost_model.py``'s ``build``, same shapes and
+random XS 2.1 drafter checkpoint (``scripts/bench/bench_cost_model.py``'s ``build``, same shapes and
 seed) is written again and converted to Q8_0 and to each 4-6-bit type, against a target built by
 the harness's own code: with ``--xs-target light`` (default) its 5-layer random target with 8
 experts per MoE layer instead of 256 (a draft pass reads only the target's token embeddings and
@@ -55,6 +55,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from laguna_dflash.convert.quantize import OutType  # noqa: E402
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
 from recorded import command_line  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 160)

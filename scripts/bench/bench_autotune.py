@@ -1,6 +1,6 @@
 """How close `--n-max auto` comes to the best fixed depth, measured in one process.
 
-    python scripts/bench_autotune.py --json docs/autotune.json --png docs/autotune.png
+    python scripts/bench/bench_autotune.py --json docs/autotune.json --png docs/autotune.png
 
 Three workloads on the bundled laguna-tiny pair (greedy, one engine per drafter):
 
@@ -35,6 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
 from recorded import command_line  # noqa: E402
 
 

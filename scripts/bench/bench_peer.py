@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """laguna-run against its peer ik_llama.cpp and the vendored llama.cpp's C++ decode, same GGUF pair.
 
-    scripts/build_peer.sh                                           # once: the peers, outside the repo
-    python scripts/bench_peer.py --json docs/peer.json --png docs/peer.png
+    scripts/bench/build_peer.sh                                           # once: the peers, outside the repo
+    python scripts/bench/bench_peer.py --json docs/peer.json --png docs/peer.png
 
 On the bundled laguna-tiny pair (the drafter converted by ``laguna-gguf convert``), the first
 ``--prompts`` code prompts of runtime/assets/prompts/code.txt, ``-n`` greedy tokens each, ``-t``
@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 
 
-from check_ik_interop import (  # noqa: E402
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
+from investigate.check_ik_interop import (  # noqa: E402
     IkFailed, ik_bin_dir, ik_command, ik_named_copy, legacy_norm_tensors, peer_root, run_ik, vendored_bin_dir)
 from recorded import command_line  # noqa: E402
 
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=max(Console().width, 120))
     ik_bin = ik_bin_dir()
     if ik_bin is None:
-        print("ik_llama.cpp is not built (scripts/build_peer.sh builds it; IK_LLAMA_BIN names its bin "
+        print("ik_llama.cpp is not built (scripts/bench/build_peer.sh builds it; IK_LLAMA_BIN names its bin "
                       "directory): peer benchmark skipped")
         return 0
     if args.repetitions < 1 or args.prompts < 1 or args.n_predict < 1:
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = assets.read_prompts(assets.CODE_PROMPTS)[:args.prompts]
     floor_bin = vendored_bin_dir()
     if floor_bin is None:
-        console.print("the vendored llama.cpp's llama-bench is not built (scripts/build_peer.sh vendored): "
+        console.print("the vendored llama.cpp's llama-bench is not built (scripts/bench/build_peer.sh vendored): "
                       "no C++ floor")
 
     ours_configs: list = [0, *depths, "auto"]

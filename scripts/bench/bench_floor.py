@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """laguna-run's plain decoding against the vendored llama.cpp's own C++ decode of the same file.
 
-    scripts/build_peer.sh vendored          # once: llama-bench of the patched tree, outside the repo
-    .venv/bin/python scripts/bench_floor.py -t 2 --repeats 7 --json floor.json
+    scripts/bench/build_peer.sh vendored          # once: llama-bench of the patched tree, outside the repo
+    .venv/bin/python scripts/bench/bench_floor.py -t 2 --repeats 7 --json floor.json
 
 Per repetition, in a rotating order: laguna-run plain decoding (the engine, drafter loaded,
 n_max 0) of the first ``--prompts`` code prompts, ``-n`` tokens each, one figure = tokens over
@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 
-from check_ik_interop import vendored_bin_dir  # noqa: E402
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
+from investigate.check_ik_interop import vendored_bin_dir  # noqa: E402
 from recorded import command_line  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
 
     bin_dir = vendored_bin_dir()
     if bin_dir is None:
-        print("bench_floor: the vendored llama-bench is not built (scripts/build_peer.sh vendored); skipped")
+        print("bench_floor: the vendored llama-bench is not built (scripts/bench/build_peer.sh vendored); skipped")
         return 0
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions

@@ -1,7 +1,7 @@
 """Record what a depth tuner faces on the laguna-tiny pair, so tuners can be replayed offline.
 
-    python scripts/record_acceptance.py --out scripts/tuning/recordings/replay.json
-    python scripts/record_acceptance.py --device cuda --lengths-from scripts/tuning/recordings/replay.json \
+    python scripts/bench/record_acceptance.py --out scripts/tuning/recordings/replay.json
+    python scripts/bench/record_acceptance.py --device cuda --lengths-from scripts/tuning/recordings/replay.json \
         --out replay-cuda.json     # another clock (here a GPU's) for the same content
 
 Live benchmarks of ``--n-max auto`` on this 2-core machine move by 2-4% between runs, the size
@@ -35,6 +35,7 @@ import numpy as np
 
 
 from laguna_dflash.runtime.tuner import DepthPolicy  # noqa: E402
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
 from recorded import command_line  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """Judge `--n-max auto` offline: replay it on the recorded laguna-tiny pair, many times.
 
-    python scripts/replay_autotune.py --recording scripts/tuning/recordings/replay.json --seeds 20
+    python scripts/bench/replay_autotune.py --recording scripts/tuning/recordings/replay.json --seeds 20
 
 For each workload of the recording and each seed (seed 0: the prompt files' order; others: a
 shuffled order, and every seed its own draw of the clock's noise, the same for every policy), a fresh tuner generates the
@@ -10,7 +10,7 @@ decoding, the quality of its choices from round 64 on (the mean fixed-depth spee
 it exploited, relative to the best fixed depth), and how often it settled strictly (every
 exploiting round from 64 on at a depth within 5% of the best). Then (``--stream``) one tuner
 through the workloads in turn, each prompt on its own workload's clock, as the live sweep runs
-them: how much following a change of content costs. ``scripts/bench_autotune.py`` is the live
+them: how much following a change of content costs. ``scripts/bench/bench_autotune.py`` is the live
 counterpart.
 """
 
@@ -22,8 +22,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from recorded import command_line
-from tuning.replay import RECORDED
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
+from recorded import command_line  # noqa: E402
+from tuning.replay import RECORDED  # noqa: E402
 
 
 def summary(make_policy, rec, prompts: list[list[int]], seeds: int) -> dict:

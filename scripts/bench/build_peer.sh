@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Build the peers the peer benchmark (scripts/bench_peer.py) and the ik interop test compare
+# Build the peers the peer benchmark (scripts/bench/bench_peer.py) and the ik interop test compare
 # against, CPU-only and OUTSIDE this repository (their code is never committed here):
 #   1. ik_llama.cpp (the other runtime of Laguna DFlash drafters): llama-spec-bench, llama-cli,
 #      llama-bench, from a snapshot of github.com/ikawrakow/ik_llama.cpp;
 #   2. the llama.cpp vendored by our patched llama-cpp-python sdist: its own C++ llama-bench and
 #      llama-completion, the "C++ floor" our plain decoding is measured against.
 #
-#   IK_LLAMA_GIT=/path/to/ik_llama.cpp.git scripts/build_peer.sh        # both
-#   IK_LLAMA_GIT=... scripts/build_peer.sh ik                           # only ik_llama.cpp
-#   scripts/build_peer.sh vendored                                      # only the vendored tools
+#   IK_LLAMA_GIT=/path/to/ik_llama.cpp.git scripts/bench/build_peer.sh        # both
+#   IK_LLAMA_GIT=... scripts/bench/build_peer.sh ik                           # only ik_llama.cpp
+#   scripts/bench/build_peer.sh vendored                                      # only the vendored tools
 #
 # IK_LLAMA_GIT is a git directory (bare or not) holding the snapshot; its HEAD is exported with
 # `git archive`. Snapshots made for code reading may lack a few blobs (web UI bundles, vocab
@@ -17,7 +17,7 @@
 # (PEER_DIR defaults to ${LAGUNA_DFLASH_CACHE:-$HOME/.cache/laguna-dflash}/peer). A finished
 # build is not redone (delete its directory to rebuild). JOBS (default 2) sets the parallelism.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 REPO=$PWD
 PEER_DIR=${PEER_DIR:-${LAGUNA_DFLASH_CACHE:-$HOME/.cache/laguna-dflash}/peer}
 JOBS=${JOBS:-2}

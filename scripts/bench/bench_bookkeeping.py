@@ -1,10 +1,10 @@
 """What `--n-max auto`'s own bookkeeping costs per round, alone and between other runs.
 
-    python scripts/bench_bookkeeping.py --repeats 2
+    python scripts/bench/bench_bookkeeping.py --repeats 2
 
 The engine times every ``choose``/``observe`` call of the depth policy (``Stats.t_policy``). In
 a tight loop those calls take a few microseconds; between llama.cpp decodes the interpreter's
-caches are cold and they take ten times that. ``scripts/bench_autotune.py`` runs auto between
+caches are cold and they take ten times that. ``scripts/bench/bench_autotune.py`` runs auto between
 nine fixed-depth runs of each prompt, which cools them further. This script measures, in one
 process and on the same code prompts, the tuner's share of the generation time in a stream of
 auto-only requests (one tuner, as a server runs it) and in the interleaved order of the
@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
 from recorded import command_line  # noqa: E402
 
 FIXED = (0, 1, 2, 3, 4, 5, 6, 8, 15)  # the fixed depths bench_autotune.py interleaves

@@ -13,8 +13,8 @@ Two questions per weight type and row count n:
   (greedy speculative decoding is exact only if it is)
 * ``--time``: CPU time of one product of n rows, median of ``--reps`` (one thread by default).
 
-    python scripts/kernel_weights.py --check
-    python scripts/kernel_weights.py --time --rows 1,2,3,4,5,8,9,16 --json w.json
+    python scripts/investigate/kernel_weights.py --check
+    python scripts/investigate/kernel_weights.py --time --rows 1,2,3,4,5,8,9,16 --json w.json
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 
-from kernel_rows import _InitParams, _lib_dir  # noqa: E402
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
+from investigate.kernel_rows import _InitParams, _lib_dir  # noqa: E402
 from recorded import command_line  # noqa: E402
 
 TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_K": 12, "q6_K": 14}
