@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_STOPS = 16
 
 
 class Strict(BaseModel):
