@@ -88,3 +88,10 @@ def test_chat_flags_need_chat(capsys):
     assert "--think: needs --chat" in capsys.readouterr().err
     assert main(["chat", "-p", "q", *CHAT]) == 2
     assert "standard input" in capsys.readouterr().err
+
+
+def test_serve_checks_its_template_kwargs_before_loading(capsys):
+    pytest.importorskip("fastapi")
+    assert main(["serve", "--chat-template-kwargs", '{"enable_thinking": tru}']) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("error: --chat-template-kwargs: expected a JSON object"), err
