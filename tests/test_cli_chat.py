@@ -95,3 +95,10 @@ def test_serve_checks_its_template_kwargs_before_loading(capsys):
     assert main(["serve", "--chat-template-kwargs", '{"enable_thinking": tru}']) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("error: --chat-template-kwargs: expected a JSON object"), err
+
+
+def test_a_conversation_that_outgrows_the_context_ends_in_one_line():
+    r = laguna_run("chat", *CHAT, "-c", "160", "-n", "64", stdin="def add(a, b):\n" * 3)
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: -n/--n-predict: expected at most") and "Traceback" not in r.stderr

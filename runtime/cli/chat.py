@@ -14,7 +14,7 @@ from ...convert.errors import UserError
 
 from .. import assets
 from .interrupt import CtrlC, Interrupted
-from .options import err
+from .options import RpcFailed, err, flag_error
 
 ChatTemplateFileOpt = Annotated[Optional[Path], typer.Option("--chat-template-file", help=(
     "Jinja chat template to use instead of the GGUF's tokenizer.chat_template."))]
@@ -93,11 +93,21 @@ def run_conversation(session, opts, json_out: bool, placement) -> None:
     """-cnv: messages from standard input until its end or /exit."""
     from ..chat_session import run_session
 
+    from ..request import RequestError
+    from ..rpc import RpcError
+
     err.print(placement.describe(), highlight=False)
     ctrl_c = CtrlC()
     opts.should_stop = ctrl_c
-    with ctrl_c:
-        run_session(session, opts, sys.stdin, json_lines=json_out)
+    try:
+        with ctrl_c:
+            run_session(session, opts, sys.stdin, json_lines=json_out)
+    except RequestError as e:  # e.g. the conversation outgrew the context: named by its flag
+        raise flag_error(e) from None
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    except RpcError as e:
+        raise RpcFailed(str(e)) from None
     if ctrl_c.requested:
         print("interrupted (Ctrl-C)", file=sys.stderr)
         raise Interrupted()
