@@ -73,6 +73,9 @@ class GenerateOptions:
     # asked once per round; True ends generation there with stop reason "interrupted" (Ctrl-C,
     # a client gone), its stats complete up to that round
     should_stop: Callable[[], bool] | None = None
+    # structured output (runtime/constraint.py): a Constraint or a CompiledConstraint; the
+    # output then matches it, and generation ends ("eog") when it is complete
+    constraint: object | None = None
 
 
 @dataclass
@@ -391,6 +394,12 @@ class Engine:
                              f"exceeds the context size {self.ctx.n_ctx}; raise -c")
         policy = self._policy(opts.n_max)
         sampler = Sampler(opts.sampling)
+        grammar = None
+        if opts.constraint is not None:
+            from .constraint import ConstrainedSampler, compile_constraint
+
+            grammar = compile_constraint(opts.constraint, self.target).matcher()
+            sampler = ConstrainedSampler(opts.sampling, grammar)
         # a fixed depth of 0 is plain decoding: no capture, no drafter bookkeeping
         drafter = None if isinstance(policy, FixedDepth) and policy.depth == 0 else self.drafter
         if self.drafter is not None:
@@ -409,6 +418,8 @@ class Engine:
             # cost, as the tuner sees it, starts here)
             rec.round_begins()
             n_keep, reason = self._stop_check(out, emitted, opts)
+            if reason is None and grammar is not None and grammar.stopped:
+                reason = "eog"  # the constrained output is complete: only an end token could follow
             if reason is None and opts.should_stop is not None and opts.should_stop():
                 reason = "interrupted"
             kept = emitted[:n_keep]
@@ -441,20 +452,24 @@ class Engine:
             rec.mark("host")
             if drafter.catch_up(n_past):
                 rec.mark("catchup")
-            drafts = drafter.draft(bonus, depth)
+            proposed = drafts = drafter.draft(bonus, depth)
             rec.mark("draft")
+            if grammar is not None:
+                # a draft the grammar forbids can never be accepted: verify only the rows before it
+                drafts = drafts[:grammar.admissible(drafts)]
+                rec.mark("host")
             # ---- verify: one target pass over [bonus, drafts]; accept while the target's own
             # choice at each row equals the draft
             self.ctx.decode_block([bonus] + drafts, n_past)
             rec.mark("verify")
-            n_acc, nxt = sampler.accept(self.ctx.logits_block(depth + 1), drafts, history)
+            n_acc, nxt = sampler.accept(self.ctx.logits_block(len(drafts) + 1), drafts, history)
             rec.mark("host")
             # ---- roll back: the target keeps bonus + accepted drafts, the drafter reads their rows
             keep = n_past + 1 + n_acc
             self.ctx.seq_rm(keep, -1)
             drafter.inject_captured(1 + n_acc, n_past)
             rec.mark("draft")
-            rec.round_ends(depth, n_acc, bonus, drafts, nxt, n_past, keep)
+            rec.round_ends(depth, n_acc, bonus, proposed, nxt, n_past, keep)
             n_past, emitted, bonus = keep, drafts[:n_acc] + [nxt], nxt
 
         rec.generation_ends(len(out))

@@ -1,0 +1,486 @@
+"""Structured output: what a generation must match, compiled against the target's vocabulary.
+
+    c = Constraint.json_schema({"type": "object", "properties": {"n": {"type": "integer"}}})
+    engine.generate(prompt, GenerateOptions(constraint=c))
+
+A :class:`Constraint` is the user's side (a JSON schema, any JSON object, a GBNF or Lark
+grammar, Laguna tool calls); :func:`compile_constraint` turns it into a grammar for one target's
+vocabulary (llguidance, chosen by measurement: ``docs/structured.md``) and refuses a bad one
+with one :class:`ConstraintError` naming the field. A :class:`Matcher` follows one generation:
+the mask of the next token, consuming tokens, rolling back, and how many leading tokens of a
+draft the grammar allows, without computing a mask.
+
+:class:`ConstrainedSampler` is the engine's sampler under a constraint. Every token is the
+user's sampler applied to the target's logits with the tokens the grammar forbids removed (the
+masked distribution; greedy: the masked argmax). Greedy decoding computes a full mask only when
+the plain argmax is forbidden: the argmax, when allowed, is also the masked argmax (the same
+first-maximum rule), and whether one token is allowed costs microseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .sampling import Sampler, SamplingParams
+
+#: A grammar or schema text larger than this is refused before it is parsed.
+MAX_SOURCE_BYTES = 1 << 20
+#: Bounds on what compiling may cost (llguidance's fuel: about 50k units per ms of lexer
+#: construction; grammar symbols; lexer states of ~1-2 kB each). A schema beyond them is refused
+#: in bounded time instead of being compiled for seconds: docs/structured.md has the
+#: pathological cases and their refusal times.
+LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=50_000,
+              max_lexer_states=50_000, step_max_items=50_000)
+#: Whitespace the JSON grammars allow between tokens: flexible (models indent and break lines)
+#: but bounded, so that a model that keeps emitting newlines cannot stall inside an object.
+JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,24}"
+
+
+class ConstraintError(ValueError):
+    """A constraint that cannot be used; front ends report it as one line (exit 2, HTTP 400)."""
+
+    def __init__(self, field: str, expected: str, found: object) -> None:
+        self.field, self.expected, self.found = field, expected, found
+        found_text = found if isinstance(found, str) else repr(found)
+        super().__init__(f"{field}: expected {expected}, found {_shorten(found_text)}")
+
+
+def _shorten(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match. Build one with the class methods; ``field`` is the name the
+    user gave it (a flag, a request field), used in every error message."""
+
+    kind: str  # "json_schema" | "json_object" | "grammar" | "tool_calls"
+    source: Any = None
+    strict: bool = True
+    field: str = "constraint"
+    #: the output may start inside reasoning (a prompt ending in <think>): free text up to
+    #: </think> first, then the constrained part
+    after_reasoning: bool = False
+    options: tuple = ()
+
+    @classmethod
+    def json_schema(cls, schema: dict | str, *, strict: bool = True, field: str = "json_schema",
+                    after_reasoning: bool = False) -> "Constraint":
+        """A JSON value valid under ``schema`` (a dict or its JSON text). ``strict``: a keyword
+        the grammar cannot enforce is refused; otherwise it is ignored."""
+        return cls("json_schema", schema, strict, field, after_reasoning)
+
+    @classmethod
+    def json_object(cls, *, field: str = "response_format", after_reasoning: bool = False) -> "Constraint":
+        """Any JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
+        return cls("json_object", None, True, field, after_reasoning)
+
+    @classmethod
+    def grammar(cls, text: str, *, field: str = "grammar", after_reasoning: bool = False) -> "Constraint":
+        """A llama.cpp GBNF grammar (root rule ``root``), or a Lark grammar in llguidance's
+        dialect (a ``start:`` rule, or a first line ``%llguidance {}``)."""
+        return cls("grammar", text, True, field, after_reasoning)
+
+    @classmethod
+    def tool_calls(cls, tools: Sequence[dict], choice: str | dict = "required", *, field: str = "tools",
+                   after_reasoning: bool = False) -> "Constraint":
+        """One or more Laguna tool calls (``choice="required"``), or exactly one call of a named
+        function (``choice={"type": "function", "function": {"name": NAME}}`` or ``NAME``), in
+        the model's own markup: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>
+        ...</tool_call>``, string values raw, others JSON valid under the parameter's schema."""
+        return cls("tool_calls", (tuple(json.dumps(t, sort_keys=True) for t in tools),
+                                  json.dumps(choice, sort_keys=True)), True, field, after_reasoning)
+
+
+# ---------------------------------------------------------------------------------------- vocabulary
+
+
+class _LlamaVocab:
+    """A target's vocabulary as llguidance's TokenizerWrapper reads it: each token's bytes,
+    the special tokens (matched by name in grammars, never inside text), and a tokenize
+    function that goes through the checked Model (a closed model raises, never crashes)."""
+
+    def __init__(self, model) -> None:
+        from llama_cpp import llama_cpp as ll
+
+        self._model = weakref.ref(model)
+        n = model.n_vocab
+        self.tokens = [model.token_bytes(t, special=True) for t in range(n)]
+        special = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_USER_DEFINED
+        self.special_token_ids = [t for t in range(n)
+                                  if ll.llama_token_get_attr(model.vocab, t) & special
+                                  and (ll.llama_token_get_attr(model.vocab, t) & ll.LLAMA_TOKEN_ATTR_CONTROL
+                                       or (self.tokens[t].startswith(b"<") and self.tokens[t].endswith(b">")))]
+        self.eog_ids = [t for t in range(n) if model.is_eog(t)]
+        self.eos_token_id = self.eog_ids[0] if self.eog_ids else ll.llama_vocab_eos(model.vocab)
+        bos = ll.llama_vocab_bos(model.vocab)
+        self.bos_token_id = bos if bos >= 0 else None
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        model = self._model()
+        if model is None:
+            raise RuntimeError("the target model is gone")
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", errors="replace")
+        return model.tokenize(text, add_special=False, parse_special=False)
+
+
+@dataclass(frozen=True, eq=False)
+class Vocabulary:
+    """llguidance's tokenizer of one target and the ids of its special tokens by text."""
+
+    llg: Any
+    special: dict[str, int]
+
+
+_tokenizers: "weakref.WeakKeyDictionary[Any, Vocabulary]" = weakref.WeakKeyDictionary()
+_tokenizers_lock = threading.Lock()
+
+
+def tokenizer_for(model) -> Vocabulary:
+    """The vocabulary of a target Model for llguidance, built once per model (about 1 s for 100k
+    tokens, most of it reading each token's bytes through llama.cpp)."""
+    import llguidance
+
+    with _tokenizers_lock:
+        tok = _tokenizers.get(model)
+        if tok is None:
+            vocab = _LlamaVocab(model)
+            llg = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab), n_vocab=model.n_vocab,
+                                         eos_token=vocab.eog_ids or None)
+            tok = Vocabulary(llg, {vocab.tokens[t].decode("utf-8", "replace"): t for t in vocab.special_token_ids})
+            _tokenizers[model] = tok
+        return tok
+
+
+# ---------------------------------------------------------------------------------------- compiling
+
+
+class CompiledConstraint:
+    """A constraint compiled for one target: ``matcher()`` gives a fresh :class:`Matcher` per
+    generation (a copy of the compiled one: microseconds)."""
+
+    def __init__(self, constraint: Constraint, grammar: str, vocabulary: Vocabulary, n_vocab: int) -> None:
+        import llguidance
+
+        self.constraint, self.grammar, self.vocabulary, self.n_vocab = constraint, grammar, vocabulary, n_vocab
+        # building the lexer is where a large grammar costs: once here, inside the limits
+        self._compiled = llguidance.LLMatcher(vocabulary.llg, grammar, log_level=0, limits=_limits())
+        if self._compiled.is_error():
+            raise ConstraintError(constraint.field, "a grammar within the compile limits",
+                                  self._compiled.get_error())
+        first = self.matcher()
+        if not first.accepting and not first.allowed().any():
+            raise ConstraintError(constraint.field, "a constraint some output can satisfy", "none can")
+
+    def matcher(self) -> "Matcher":
+        return Matcher(self._compiled.deep_copy(), self.n_vocab)
+
+
+_compiled: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def compile_constraint(constraint: Constraint | CompiledConstraint, model) -> CompiledConstraint:
+    """``constraint`` compiled for ``model``'s vocabulary (cached per model: a server's clients
+    send the same schema many times). ConstraintError, naming ``constraint.field``, for a
+    constraint that cannot be used."""
+    if isinstance(constraint, CompiledConstraint):
+        if constraint.vocabulary is tokenizer_for(model):
+            return constraint
+        constraint = constraint.constraint
+    if not isinstance(constraint, Constraint):
+        raise ConstraintError("constraint", "a Constraint", type(constraint).__name__)
+    key = _cache_key(constraint)
+    with _tokenizers_lock:
+        per_model = _compiled.setdefault(model, {})
+        hit = per_model.get(key)
+    if hit is not None:
+        return hit
+    vocabulary = tokenizer_for(model)
+    compiled = CompiledConstraint(constraint, _grammar_text(constraint, vocabulary), vocabulary, model.n_vocab)
+    with _tokenizers_lock:
+        if len(per_model) >= 64:
+            per_model.pop(next(iter(per_model)))
+        per_model[key] = compiled
+    return compiled
+
+
+def _cache_key(c: Constraint) -> str:
+    try:
+        source = json.dumps(c.source, sort_keys=True)
+    except (TypeError, ValueError, RecursionError):
+        source = repr(c.source)
+    return json.dumps([c.kind, source, c.strict, c.field, c.after_reasoning])
+
+
+def _limits():
+    import llguidance
+
+    return llguidance.LLParserLimits(**LIMITS, verbose_errors=False)
+
+
+def _json_options(strict: bool) -> dict:
+    return {"whitespace_flexible": True, "whitespace_pattern": JSON_WHITESPACE, "lenient": not strict}
+
+
+def _load_schema(schema: Any, field_name: str) -> dict:
+    if isinstance(schema, (bytes, str)):
+        if len(schema) > MAX_SOURCE_BYTES:
+            raise ConstraintError(field_name, f"a schema of at most {MAX_SOURCE_BYTES} bytes", f"{len(schema)} bytes")
+        try:
+            schema = json.loads(schema)
+        except (ValueError, RecursionError) as e:
+            raise ConstraintError(field_name, "a JSON schema (JSON text)", f"invalid JSON: {e}") from None
+    if isinstance(schema, bool):
+        schema = {} if schema else {"not": {}}
+    if not isinstance(schema, dict):
+        raise ConstraintError(field_name, "a JSON schema (an object)", type(schema).__name__)
+    try:
+        size = len(json.dumps(schema))
+    except (ValueError, TypeError, RecursionError) as e:
+        raise ConstraintError(field_name, "a JSON schema", f"a value that is not JSON: {e}") from None
+    if size > MAX_SOURCE_BYTES:
+        raise ConstraintError(field_name, f"a schema of at most {MAX_SOURCE_BYTES} bytes", f"{size} bytes")
+    return schema
+
+
+def _special(tok, text: str) -> str | None:
+    """``<[id]>`` when ``text`` is one special token of this vocabulary, else None."""
+    t = tok.special.get(text)
+    return None if t is None else f"<[{t}]>"
+
+
+def _lark_literal(text: str) -> str:
+    return json.dumps(text)
+
+
+def _reasoning_prefix(tok, field_name: str) -> str:
+    close = _special(tok, "</think>")
+    if close is None:
+        raise ConstraintError(field_name, "a vocabulary with a </think> token (after_reasoning)", "none")
+    return f"/(?s:.*)/ {close}"
+
+
+def _grammar_text(c: Constraint, tok) -> str:
+    import llguidance
+
+    if c.kind in ("json_schema", "json_object"):
+        schema = {"type": "object"} if c.kind == "json_object" else _load_schema(c.source, c.field)
+        if c.after_reasoning:
+            body = f"start: {_reasoning_prefix(tok, c.field)} answer\nanswer: {_inline_json(schema, c.strict)}\n"
+            return _lark_grammar(body, c.field)
+        try:
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=_json_options(c.strict))
+        except (ValueError, RecursionError) as e:
+            raise ConstraintError(c.field, "a JSON schema", str(e)) from None
+    if c.kind == "grammar":
+        text = c.source
+        if not isinstance(text, str) or not text.strip():
+            raise ConstraintError(c.field, "a GBNF or Lark grammar (non-empty text)", repr(text)[:40])
+        if len(text.encode("utf-8", "replace")) > MAX_SOURCE_BYTES:
+            raise ConstraintError(c.field, f"a grammar of at most {MAX_SOURCE_BYTES} bytes", f"{len(text)} characters")
+        from llguidance.gbnf_to_lark import any_to_lark
+
+        try:
+            lark = any_to_lark(text)
+        except RecursionError:
+            raise ConstraintError(c.field, "a GBNF or Lark grammar", "nesting too deep to parse") from None
+        except Exception as e:  # the converter raises its own error types and ValueError alike
+            raise ConstraintError(c.field, "a GBNF or Lark grammar", f"{type(e).__name__}: {e}") from None
+        if c.after_reasoning:
+            lark = _prefix_start(lark, _reasoning_prefix(tok, c.field))
+        return _lark_grammar(lark, c.field)
+    if c.kind == "tool_calls":
+        tools, choice = c.source
+        lark = tool_call_grammar([json.loads(t) for t in tools], json.loads(choice), tok, c.field)
+        if c.after_reasoning:
+            lark = _prefix_start(lark, _reasoning_prefix(tok, c.field))
+        return _lark_grammar(lark, c.field)
+    raise ConstraintError(c.field, "json_schema, json_object, grammar or tool_calls", c.kind)
+
+
+def _prefix_start(lark: str, prefix: str) -> str:
+    """A Lark grammar whose start rule is ``prefix`` then the original start rule."""
+    renamed, n = re.subn(r"(?m)^(\s*)start(\s*:)", r"\1laguna_inner_start\2", lark, count=1)
+    if n == 0:
+        raise ConstraintError("grammar", "a start rule", "none")
+    return renamed + f"\nstart: {prefix} laguna_inner_start\n"
+
+
+def _inline_json(schema: dict, strict: bool) -> str:
+    """``%json {...}`` for a Lark grammar, with the same options as a whole-output schema."""
+    return "%json " + json.dumps({**schema, "x-guidance": _json_options(strict)})
+
+
+def _lark_grammar(lark: str, field_name: str) -> str:
+    import llguidance
+
+    try:
+        return llguidance.LLMatcher.grammar_from_lark(lark)
+    except (ValueError, RecursionError) as e:
+        raise ConstraintError(field_name, "a Lark grammar", str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------- tool calls
+
+
+def tool_call_grammar(tools: Sequence[dict], choice: str | dict, tok, field_name: str = "tools") -> str:
+    """The Lark grammar of Laguna tool calls (reference: laguna-chat-tools-reasoning §3.1, the
+    2.1 family's tight form): ``<tool_call>`` and ``</tool_call>`` as their special tokens when
+    the vocabulary has them, as text otherwise; arguments in the schema's order, required ones
+    present, optional ones optional; a string-typed value raw up to ``</arg_value>``, any other
+    value JSON valid under its schema."""
+    if not isinstance(tools, (list, tuple)) or not tools:
+        raise ConstraintError(field_name, "a non-empty list of tools", tools)
+    functions: dict[str, dict] = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name.strip() or any(ch in name for ch in "<>\n"):
+            raise ConstraintError(f"{field_name}[{i}].function.name", "a name without <, > or newlines", name)
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise ConstraintError(f"{field_name}[{i}].function.parameters", "a JSON schema object", params)
+        functions[name] = params
+    if choice == "required":
+        names, repeat = list(functions), "+"
+    else:
+        wanted = choice
+        if isinstance(choice, dict):
+            wanted = (choice.get("function") or {}).get("name") if isinstance(choice.get("function"), dict) else None
+        if not isinstance(wanted, str) or wanted not in functions:
+            raise ConstraintError("tool_choice", f"'required' or a function among {sorted(functions)}", choice)
+        names, repeat = [wanted], ""
+    open_tag = _special(tok, "<tool_call>") or _lark_literal("<tool_call>")
+    close_tag = _special(tok, "</tool_call>") or _lark_literal("</tool_call>")
+    rules = [f"start: ({' | '.join(f'call_{i}' for i in range(len(names)))}){repeat}",
+             'raw_value[lazy]: /(?s:.*)<\\/arg_value>/']
+    for i, name in enumerate(names):
+        params = functions[name]
+        props = params.get("properties") or {}
+        if not isinstance(props, dict):
+            raise ConstraintError(f"{field_name}.{name}.parameters.properties", "an object", props)
+        required = set(params.get("required") or ())
+        parts = []
+        for j, (key, sub) in enumerate(props.items()):
+            if any(ch in key for ch in "<>"):
+                raise ConstraintError(f"{field_name}.{name}.parameters.properties", "keys without < or >", key)
+            if not isinstance(sub, dict):
+                sub = {}
+            if sub.get("type") == "string":
+                value = "raw_value"
+            else:
+                rules.append(f"value_{i}_{j}: {_inline_json(sub, True)}")
+                value = f'value_{i}_{j} "</arg_value>"'
+            arg = f'"<arg_key>" {_lark_literal(key)} "</arg_key><arg_value>" {value}'
+            parts.append(f"({arg})" if key in required else f"({arg})?")
+        rules.append(f"call_{i}: {open_tag} {_lark_literal(name)} {' '.join(parts)} {close_tag}")
+    return "\n".join(rules) + "\n"
+
+
+# ---------------------------------------------------------------------------------------- matching
+
+
+class Matcher:
+    """One generation's position in a compiled constraint (CompiledConstraint.matcher())."""
+
+    def __init__(self, llg_matcher, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+        self._m = llg_matcher
+        self._check()
+        self._bits = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)
+        self.n_mask = 0  # full masks computed (for the stats and the benchmark)
+
+    def _check(self) -> None:
+        if self._m.is_error():
+            raise RuntimeError(f"constraint matcher: {self._m.get_error()}")
+
+    def allowed(self) -> np.ndarray:
+        """Boolean mask [n_vocab] of the tokens the grammar allows next."""
+        self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        self.n_mask += 1
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
+        return bits[:self.n_vocab].astype(bool)
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        """A copy of ``logits`` with -inf at every forbidden token."""
+        return np.where(self.allowed(), logits, -np.inf).astype(np.float32, copy=False)
+
+    def admissible(self, tokens: Sequence[int]) -> int:
+        """How many leading ``tokens`` the grammar allows from here (no mask computed, no
+        state changed)."""
+        return self._m.validate_tokens(list(tokens)) if len(tokens) else 0
+
+    def is_allowed(self, token: int) -> bool:
+        return self._m.validate_tokens([int(token)]) == 1
+
+    def try_consume(self, tokens: Sequence[int]) -> int:
+        """Consume the longest allowed prefix of ``tokens``; returns its length."""
+        return self._m.try_consume_tokens([int(t) for t in tokens]) if len(tokens) else 0
+
+    def consume(self, tokens: Sequence[int]) -> None:
+        """Consume ``tokens``, every one of which must be allowed (ValueError otherwise, the
+        matcher unchanged)."""
+        n = self.try_consume(tokens)
+        if n != len(tokens):
+            self._m.rollback(n)
+            raise ValueError(f"token {int(tokens[n])} is not allowed by the constraint here")
+
+    def rollback(self, n: int) -> None:
+        """Forget the last ``n`` consumed tokens."""
+        if n and not self._m.rollback(n):
+            raise RuntimeError(f"constraint matcher: cannot roll back {n} tokens: {self._m.get_error()}")
+
+    @property
+    def accepting(self) -> bool:
+        """The output so far is complete: end of generation is allowed here."""
+        return self._m.is_accepting()
+
+    @property
+    def stopped(self) -> bool:
+        """Nothing but end of generation is allowed: the output is complete."""
+        return self._m.is_stopped()
+
+
+class ConstrainedSampler(Sampler):
+    """The user's sampler on the target's logits with the forbidden tokens removed. It consumes
+    every token it returns, so the engine calls ``sample`` once per emitted token and
+    ``accept`` once per verify (drafts cut first with ``matcher.admissible``)."""
+
+    def __init__(self, params: SamplingParams, matcher: Matcher) -> None:
+        super().__init__(params)
+        self.matcher = matcher
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        if self.params.greedy and not self.history_len:
+            tok = int(np.argmax(logits))
+            if self.matcher.try_consume([tok]):
+                return tok
+        tok = super().sample(self.matcher.masked(logits), history)
+        self.matcher.consume([tok])
+        return tok
+
+    def accept(self, logits: np.ndarray, drafts: list[int], history: Sequence[int] = ()) -> tuple[int, int]:
+        if self.params.greedy and not self.history_len:
+            # rows whose argmax equals an allowed draft need no mask: that argmax is the masked one
+            choice = logits.argmax(axis=1).tolist()
+            n = 0
+            while n < len(drafts) and choice[n] == drafts[n]:
+                n += 1
+            n = self.matcher.try_consume(drafts[:n])
+            return n, self.sample(logits[n])
+        # one row at a time: self.sample masks each row for the state after the drafts before it
+        return super().accept(logits, drafts, history)
+
+    @property
+    def finished(self) -> bool:
+        return self.matcher.stopped
