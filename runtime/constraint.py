@@ -39,9 +39,10 @@ MAX_SOURCE_BYTES = 1 << 20
 #: pathological cases and their refusal times.
 LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=50_000,
               max_lexer_states=50_000, step_max_items=50_000)
-#: Whitespace the JSON grammars allow between tokens: flexible (models indent and break lines)
-#: but bounded, so that a model that keeps emitting newlines cannot stall inside an object.
-JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,24}"
+#: How JSON is laid out: Python's json.dumps default, on one line. Flexible whitespace lets a
+#: model pad between tokens until it runs out of tokens (the bundled target did, 24 spaces at a
+#: time); one layout also keeps the drafter's proposals predictable.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class ConstraintError(ValueError):
@@ -91,14 +92,15 @@ class Constraint:
         return cls("grammar", text, True, field, after_reasoning)
 
     @classmethod
-    def tool_calls(cls, tools: Sequence[dict], choice: str | dict = "required", *, field: str = "tools",
-                   after_reasoning: bool = False) -> "Constraint":
-        """One or more Laguna tool calls (``choice="required"``), or exactly one call of a named
-        function (``choice={"type": "function", "function": {"name": NAME}}`` or ``NAME``), in
+    def tool_calls(cls, tools: Sequence[dict], choice: str | dict = "required", *, parallel: bool = True,
+                   field: str = "tools", after_reasoning: bool = False) -> "Constraint":
+        """One or more Laguna tool calls (``choice="required"``; exactly one with ``parallel=False``,
+        OpenAI's ``parallel_tool_calls``), or exactly one call of a named function
+        (``choice={"type": "function", "function": {"name": NAME}}`` or ``NAME``), in
         the model's own markup: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>
         ...</tool_call>``, string values raw, others JSON valid under the parameter's schema."""
         return cls("tool_calls", (tuple(json.dumps(t, sort_keys=True) for t in tools),
-                                  json.dumps(choice, sort_keys=True)), True, field, after_reasoning)
+                                  json.dumps(choice, sort_keys=True), bool(parallel)), True, field, after_reasoning)
 
 
 # ---------------------------------------------------------------------------------------- vocabulary
@@ -115,11 +117,11 @@ class _LlamaVocab:
         self._model = weakref.ref(model)
         n = model.n_vocab
         self.tokens = [model.token_bytes(t, special=True) for t in range(n)]
-        special = ll.LLAMA_TOKEN_ATTR_CONTROL | ll.LLAMA_TOKEN_ATTR_USER_DEFINED
-        self.special_token_ids = [t for t in range(n)
-                                  if ll.llama_token_get_attr(model.vocab, t) & special
-                                  and (ll.llama_token_get_attr(model.vocab, t) & ll.LLAMA_TOKEN_ATTR_CONTROL
-                                       or (self.tokens[t].startswith(b"<") and self.tokens[t].endswith(b">")))]
+        # llama.cpp's control tokens, and user-defined ones written like tags (<tool_call>)
+        attrs = [ll.llama_vocab_get_attr(model.vocab, t) for t in range(n)]
+        self.special_token_ids = [t for t in range(n) if attrs[t] & ll.LLAMA_TOKEN_ATTR_CONTROL
+                                  or (attrs[t] & ll.LLAMA_TOKEN_ATTR_USER_DEFINED
+                                      and self.tokens[t].startswith(b"<") and self.tokens[t].endswith(b">"))]
         self.eog_ids = [t for t in range(n) if model.is_eog(t)]
         self.eos_token_id = self.eog_ids[0] if self.eog_ids else ll.llama_vocab_eos(model.vocab)
         bos = ll.llama_vocab_bos(model.vocab)
@@ -229,7 +231,7 @@ def _limits():
 
 
 def _json_options(strict: bool) -> dict:
-    return {"whitespace_flexible": True, "whitespace_pattern": JSON_WHITESPACE, "lenient": not strict}
+    return {**JSON_LAYOUT, "lenient": not strict}
 
 
 def _load_schema(schema: Any, field_name: str) -> dict:
@@ -300,8 +302,8 @@ def _grammar_text(c: Constraint, tok) -> str:
             lark = _prefix_start(lark, _reasoning_prefix(tok, c.field))
         return _lark_grammar(lark, c.field)
     if c.kind == "tool_calls":
-        tools, choice = c.source
-        lark = tool_call_grammar([json.loads(t) for t in tools], json.loads(choice), tok, c.field)
+        tools, choice, parallel = c.source
+        lark = tool_call_grammar([json.loads(t) for t in tools], json.loads(choice), tok, c.field, parallel)
         if c.after_reasoning:
             lark = _prefix_start(lark, _reasoning_prefix(tok, c.field))
         return _lark_grammar(lark, c.field)
@@ -333,7 +335,8 @@ def _lark_grammar(lark: str, field_name: str) -> str:
 # ---------------------------------------------------------------------------------------- tool calls
 
 
-def tool_call_grammar(tools: Sequence[dict], choice: str | dict, tok, field_name: str = "tools") -> str:
+def tool_call_grammar(tools: Sequence[dict], choice: str | dict, tok, field_name: str = "tools",
+                      parallel: bool = True) -> str:
     """The Lark grammar of Laguna tool calls (reference: laguna-chat-tools-reasoning §3.1, the
     2.1 family's tight form): ``<tool_call>`` and ``</tool_call>`` as their special tokens when
     the vocabulary has them, as text otherwise; arguments in the schema's order, required ones
@@ -352,7 +355,7 @@ def tool_call_grammar(tools: Sequence[dict], choice: str | dict, tok, field_name
             raise ConstraintError(f"{field_name}[{i}].function.parameters", "a JSON schema object", params)
         functions[name] = params
     if choice == "required":
-        names, repeat = list(functions), "+"
+        names, repeat = list(functions), "+" if parallel else ""
     else:
         wanted = choice
         if isinstance(choice, dict):
@@ -377,7 +380,7 @@ def tool_call_grammar(tools: Sequence[dict], choice: str | dict, tok, field_name
             if not isinstance(sub, dict):
                 sub = {}
             if sub.get("type") == "string":
-                value = "raw_value"
+                value = _raw_string_rule(sub, f"RAW_{i}_{j}", rules)
             else:
                 rules.append(f"value_{i}_{j}: {_inline_json(sub, True)}")
                 value = f'value_{i}_{j} "</arg_value>"'
@@ -385,6 +388,22 @@ def tool_call_grammar(tools: Sequence[dict], choice: str | dict, tok, field_name
             parts.append(f"({arg})" if key in required else f"({arg})?")
         rules.append(f"call_{i}: {open_tag} {_lark_literal(name)} {' '.join(parts)} {close_tag}")
     return "\n".join(rules) + "\n"
+
+
+def _raw_string_rule(schema: dict, name: str, rules: list[str]) -> str:
+    """A string-typed argument: its raw text, then ``</arg_value>``. ``enum`` and the length
+    bounds are enforced (a bound also keeps a model from writing one value forever); ``format``
+    and ``pattern`` are not (they are hints in most tool schemas)."""
+    if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]) and schema["enum"]:
+        return "(" + " | ".join(_lark_literal(v) for v in schema["enum"]) + ') "</arg_value>"'
+    lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+    if not isinstance(lo, int) or isinstance(lo, bool) or lo < 0:
+        lo = 0
+    if hi is None or not isinstance(hi, int) or isinstance(hi, bool) or hi < lo:
+        return "raw_value"
+    # any text of that length that does not contain the closing tag
+    rules.append(f"{name}: /(?s:.){{{lo},{hi}}}/ & ~/(?s:.*)<\\/arg_value>(?s:.*)/")
+    return f'{name} "</arg_value>"'
 
 
 # ---------------------------------------------------------------------------------------- matching

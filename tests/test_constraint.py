@@ -41,17 +41,18 @@ RECORD = {
 ENUMS = {
     "type": "object", "additionalProperties": False,
     "properties": {"mode": {"enum": ["read", "write", "append"]},
-                   "path": {"type": "string", "maxLength": 30}, "retries": {"type": "integer", "maximum": 9}},
+                   "path": {"type": "string", "maxLength": 30}, "retries": {"type": "integer", "minimum": 0, "maximum": 9}},
     "required": ["mode", "path"],
 }
 SCHEMAS = [RECORD, ENUMS]
 
 TOOLS = [
     {"type": "function", "function": {"name": "read_file", "parameters": {
-        "type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer", "maximum": 999}},
+        "type": "object", "properties": {"path": {"type": "string", "maxLength": 30},
+                                           "limit": {"type": "integer", "minimum": 1, "maximum": 999}},
         "required": ["path"]}}},
     {"type": "function", "function": {"name": "search", "parameters": {
-        "type": "object", "properties": {"query": {"type": "string"}, "regex": {"type": "boolean"}},
+        "type": "object", "properties": {"query": {"type": "string", "maxLength": 20}, "regex": {"type": "boolean"}},
         "required": ["query", "regex"]}}},
 ]
 
@@ -64,7 +65,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def engine(target):
-    with Engine(target, assets.converted_tiny_drafter(), EngineConfig(n_ctx=2048, kv_type="f32")) as eng:
+    with Engine(target, assets.converted_tiny_drafter(), EngineConfig(n_ctx=2048, kv_type="f32", n_threads=1)) as eng:
         yield eng
 
 
@@ -123,7 +124,7 @@ def test_tool_calls_in_laguna_markup_parse_and_validate(engine):
     arg = re.compile(r"<arg_key>(.*?)</arg_key><arg_value>(.*?)</arg_value>", re.S)
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     for choice in ("required", {"type": "function", "function": {"name": "search"}}):
-        c = Constraint.tool_calls(TOOLS, choice)
+        c = Constraint.tool_calls(TOOLS, choice, parallel=False)
         for prompt in ("def find(pattern):\n    # look it up\n    ", "import os\n\n"):
             plain = run(engine, prompt, c, 0, n_predict=200)
             spec = run(engine, prompt, c, 4, n_predict=200)
@@ -176,22 +177,33 @@ def _masked_probs(logits: np.ndarray, allowed: np.ndarray, temperature: float) -
 
 
 def test_sampling_draws_from_the_masked_distribution(target, engine):
-    """The first two tokens under a constraint, sampled at depth 0 and depth 4: per position the
-    two frequency tables agree (two-sample chi-square, p = 0.001), and the first token's table
-    fits the target's masked softmax computed here from its logits (goodness of fit)."""
-    schema = {"type": "object", "properties": {"k": {"type": "string", "maxLength": 6}}, "required": ["k"]}
-    c = compile_constraint(Constraint.json_schema(schema), target)
-    prompt = "x = "
-    params = dict(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
-    n_runs, n_tok = 250, 6
+    """The first tokens under a grammar, sampled at depth 0 and at depth 4 (the drafts: the
+    constrained greedy continuation, so that they are often accepted): per position the two
+    frequency tables agree (two-sample chi-square, p = 0.001), and the first token's table fits
+    the target's masked softmax computed here from its logits (goodness of fit)."""
+    c = compile_constraint(Constraint.grammar("root ::= [a-z_.(), *0-9]{1,40}"), target)
+    prompt = "def area(r):\n    return "
+    params = dict(temperature=0.3, top_k=0, top_p=1.0, min_p=0.0)
+    n_runs, n_tok = 150, 4
     counts = {0: [Counter() for _ in range(n_tok)], 4: [Counter() for _ in range(n_tok)]}
+    n_prompt = len(engine.tokenize(prompt))
+    greedy = run(engine, prompt, c, 0, n_predict=16).tokens
+
+    def propose(bonus, depth):
+        start = engine.drafter.n_context - n_prompt + 1  # index in the output of the first draft
+        return (greedy[start:] + [greedy[-1]] * 16)[:depth]
+
     accepted = 0
-    for depth in (0, 4):
-        for seed in range(n_runs):
-            res = run(engine, prompt, c, depth, n_predict=n_tok, sampling=SamplingParams(seed=seed, **params))
-            for i, tok in enumerate(res.tokens):
-                counts[depth][i][tok] += 1
-            accepted += res.stats.accepted
+    engine.drafter.draft = propose
+    try:
+        for depth in (0, 4):
+            for seed in range(n_runs):
+                res = run(engine, prompt, c, depth, n_predict=n_tok, sampling=SamplingParams(seed=seed, **params))
+                for i, tok in enumerate(res.tokens):
+                    counts[depth][i][tok] += 1
+                accepted += res.stats.accepted
+    finally:
+        del engine.drafter.draft
     assert accepted > n_runs // 4, "drafts were hardly ever accepted: the speculative path would be untested"
     for i in range(n_tok):
         a, b = counts[0][i], counts[4][i]
@@ -201,25 +213,27 @@ def test_sampling_draws_from_the_masked_distribution(target, engine):
             stat += (a[cat] - e) ** 2 / e + (b[cat] - e) ** 2 / e
         assert stat < _chi2_crit(max(1, len(set(a) | set(b)) - 1)), f"position {i}: {a} vs {b}"
     # the first token against the masked softmax of the prompt's logits
-    prompt_tokens = target.tokenize(prompt)
-    with Context(target, ContextParams(n_ctx=256, kv_type="f32")) as ctx:
+    prompt_tokens = engine.tokenize(prompt)
+    with Context(target, ContextParams(n_ctx=256, kv_type="f32", n_threads=1)) as ctx:
         ctx.decode(prompt_tokens, np.arange(len(prompt_tokens)), logits="last")
         logits = np.array(ctx.logits_view(len(prompt_tokens) - 1))
     probs = _masked_probs(logits, c.matcher().allowed(), params["temperature"])
     observed = counts[0][0] + counts[4][0]
     n = sum(observed.values())
-    assert set(observed) <= set(np.flatnonzero(probs > 0).tolist())
-    # categories with expected count >= 5; the rest pooled
-    big = [t for t in np.flatnonzero(probs * n >= 5)]
-    stat, pooled_e, pooled_o = 0.0, n, n
+    assert set(observed) <= set(np.flatnonzero(probs > 0).tolist()), "a token the grammar forbids was sampled"
+    big = [int(t) for t in np.flatnonzero(probs * n >= 5)]  # categories expected 5+ times; the rest pooled
+    assert len(big) >= 2, "the masked distribution is too peaked for the test to mean anything"
+    stat, rest_e, rest_o = 0.0, float(n), n
     for t in big:
         e = probs[t] * n
-        stat += (observed[int(t)] - e) ** 2 / e
-        pooled_e -= e
-        pooled_o -= observed[int(t)]
-    if pooled_e >= 5:
-        stat += (pooled_o - pooled_e) ** 2 / pooled_e
-    assert stat < _chi2_crit(max(1, len(big) - (0 if pooled_e >= 5 else 1))), (stat, len(big))
+        stat += (observed[t] - e) ** 2 / e
+        rest_e -= e
+        rest_o -= observed[t]
+    cats = len(big)
+    if rest_e >= 5:
+        stat += (rest_o - rest_e) ** 2 / rest_e
+        cats += 1
+    assert stat < _chi2_crit(cats - 1), f"chi2 {stat:.1f} over {cats} categories"
 
 
 def _chi2_crit(df: int) -> float:
