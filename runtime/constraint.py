@@ -439,6 +439,20 @@ class Matcher:
         state changed)."""
         return self._m.validate_tokens(list(tokens)) if len(tokens) else 0
 
+    def complete_draft(self, drafts: Sequence[int], depth: int) -> list[int]:
+        """The drafts up to the first one the grammar forbids, then the tokens the grammar
+        forces after them (a schema's keys and punctuation), at most ``depth`` in all: the
+        rows a verify pass can hope to accept. No state changes."""
+        drafts = list(drafts[:self.admissible(drafts)])
+        if len(drafts) >= depth:
+            return drafts
+        n = self.try_consume(drafts)
+        try:
+            forced = self._m.compute_ff_tokens()
+        finally:
+            self.rollback(n)
+        return drafts + forced[:depth - len(drafts)]
+
     def is_allowed(self, token: int) -> bool:
         return self._m.validate_tokens([int(token)]) == 1
 

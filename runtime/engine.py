@@ -455,8 +455,9 @@ class Engine:
             proposed = drafts = drafter.draft(bonus, depth)
             rec.mark("draft")
             if grammar is not None:
-                # a draft the grammar forbids can never be accepted: verify only the rows before it
-                drafts = drafts[:grammar.admissible(drafts)]
+                # a draft the grammar forbids can never be accepted: verify only the rows before
+                # it, and after them the tokens the grammar forces, if any
+                drafts = grammar.complete_draft(drafts, depth)
                 rec.mark("host")
             # ---- verify: one target pass over [bonus, drafts]; accept while the target's own
             # choice at each row equals the draft
@@ -469,7 +470,8 @@ class Engine:
             self.ctx.seq_rm(keep, -1)
             drafter.inject_captured(1 + n_acc, n_past)
             rec.mark("draft")
-            rec.round_ends(depth, n_acc, bonus, proposed, nxt, n_past, keep)
+            rec.round_ends(depth, n_acc, bonus, proposed, nxt, n_past, keep,
+                           verified=drafts if grammar is not None else None)
             n_past, emitted, bonus = keep, drafts[:n_acc] + [nxt], nxt
 
         rec.generation_ends(len(out))
@@ -567,7 +569,7 @@ class _Recorder:
         self.last = now
 
     def round_ends(self, depth: int, n_acc: int, bonus: int, drafts: list[int], nxt: int, pos: int,
-                   n_past: int) -> None:
+                   n_past: int, verified: list[int] | None = None) -> None:
         now = self.clock()
         self.totals["host"] += now - self.last
         if depth:
@@ -581,7 +583,9 @@ class _Recorder:
         if self.trace:
             self.trace({"round": self.stats.rounds, "pos": pos, "depth": depth, "bonus": int(bonus),
                         "drafted": [int(d) for d in drafts], "accepted": n_acc, "next": int(nxt),
-                        "n_past": n_past, **self.policy.decision()})
+                        "n_past": n_past, **self.policy.decision(),
+                        # under a constraint: the drafts that were verified (cut, then forced tokens)
+                        **({"verified": [int(d) for d in verified]} if verified is not None else {})})
 
     def generation_ends(self, n_generated: int) -> None:
         s = self.stats

@@ -88,9 +88,9 @@ def test_constrained_greedy_speculative_equals_constrained_plain_and_validates(e
     assert drafted > 0
 
 
-def test_forbidden_drafts_are_cut_before_verification(engine):
-    """Every verified row after the bonus holds a draft the grammar allows, proposals are cut
-    only where the grammar forbids them, and some are cut (the rows saved)."""
+def test_forbidden_drafts_are_cut_and_forced_tokens_verified_instead(engine):
+    """Every verified block is the drafts up to the first one the grammar forbids, then the tokens
+    the grammar forces after them; a forbidden draft is never decoded, and cuts happen."""
     c = compile_constraint(Constraint.json_schema(RECORD), engine.target)
     verified, rounds = [], []
     real_decode_block = engine.ctx.decode_block
@@ -107,16 +107,20 @@ def test_forbidden_drafts_are_cut_before_verification(engine):
         del engine.ctx.decode_block
     n_prompt = len(engine.tokenize(prompt))
     assert len(verified) == len(rounds)
-    cut = 0
+    cut = forced = 0
     for block, r in zip(verified, rounds):
-        assert block[0] == r["bonus"] and block[1:] == r["drafted"][:len(block) - 1]
-        before = c.matcher()
-        before.consume(res.tokens[:r["pos"] - n_prompt])  # the output before the bonus
-        assert before.admissible(block) == len(block), "a draft the grammar forbids was verified"
-        if len(block) - 1 < len(r["drafted"]):
-            assert before.admissible([r["bonus"]] + r["drafted"]) == len(block), "an allowed draft was cut"
-            cut += 1
-    assert cut > 0, "no proposal was cut: the test would not see a cut"
+        assert block == [r["bonus"]] + r["verified"]
+        state = c.matcher()
+        state.consume(res.tokens[:r["pos"] - n_prompt + 1])  # the output up to the bonus
+        assert state.admissible(r["verified"]) == len(r["verified"]), "a draft the grammar forbids was verified"
+        n_ok = state.admissible(r["drafted"])
+        assert r["verified"][:n_ok] == r["drafted"][:n_ok], "an allowed draft was cut"
+        cut += n_ok < len(r["drafted"])
+        state.consume(r["drafted"][:n_ok])
+        tail = r["verified"][n_ok:]
+        assert tail == state._m.compute_ff_tokens()[:len(tail)], "verified tokens after a cut that the grammar does not force"
+        forced += len(tail)
+    assert cut > 0 and forced > 0, "no proposal was cut, or nothing forced: the test would not see either"
 
 
 def test_tool_calls_in_laguna_markup_parse_and_validate(engine):
