@@ -517,3 +517,110 @@ class ConstrainedSampler(Sampler):
     @property
     def finished(self) -> bool:
         return self.matcher.stopped
+
+
+# ---------------------------------------------------------------------------------------- front ends
+
+
+def constraint_from_request(response_format: dict | None = None, grammar: str | None = None,
+                            json_schema: Any = None, *, after_reasoning: bool = False) -> Constraint | None:
+    """The constraint of an OpenAI-style request: ``response_format`` (``text``, ``json_object``,
+    ``json_schema`` with ``schema`` and ``strict``; llama-server also reads ``schema`` beside
+    ``json_object``) or llama-server's top-level ``grammar`` (GBNF) and ``json_schema`` fields.
+    None when the request asks for none; ConstraintError naming the field for a bad one, or for
+    two at once."""
+    if response_format is not None and not isinstance(response_format, dict):
+        raise ConstraintError("response_format", "an object", type(response_format).__name__)
+    if response_format is not None and response_format.get("type", "text") == "text":
+        response_format = None
+    given = [name for name, value in (("response_format", response_format), ("grammar", grammar),
+                                      ("json_schema", json_schema)) if value is not None]
+    if len(given) > 1:
+        raise ConstraintError(given[1], f"one constraint per request (not {' and '.join(given)})", "both")
+    if grammar is not None:
+        if not isinstance(grammar, str):
+            raise ConstraintError("grammar", "a GBNF grammar (a string)", type(grammar).__name__)
+        return Constraint.grammar(grammar, field="grammar", after_reasoning=after_reasoning)
+    if json_schema is not None:
+        return Constraint.json_schema(json_schema, strict=True, field="json_schema", after_reasoning=after_reasoning)
+    if response_format is None:
+        return None
+    kind = response_format.get("type", "text")
+    if kind == "json_object":
+        schema = response_format.get("schema")
+        if schema is not None:
+            return Constraint.json_schema(schema, strict=True, field="response_format.schema",
+                                          after_reasoning=after_reasoning)
+        return Constraint.json_object(field="response_format", after_reasoning=after_reasoning)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise ConstraintError("response_format.json_schema", "an object with a schema", spec)
+        schema = spec.get("schema")
+        if schema is None:
+            raise ConstraintError("response_format.json_schema.schema", "a JSON schema", "none")
+        strict = spec.get("strict")
+        if strict is not None and not isinstance(strict, bool):
+            raise ConstraintError("response_format.json_schema.strict", "true or false", strict)
+        return Constraint.json_schema(schema, strict=bool(strict), field="response_format.json_schema.schema",
+                                      after_reasoning=after_reasoning)
+    raise ConstraintError("response_format.type", "text, json_object or json_schema", kind)
+
+
+def tool_choice_constraint(tools: Sequence[dict] | None, tool_choice: Any, *, parallel_tool_calls: bool = True,
+                           after_reasoning: bool = False) -> Constraint | None:
+    """The constraint of a chat request's ``tool_choice``: None for ``auto``/``none``/absent,
+    tool calls in Laguna's markup for ``required`` or a named function (one call). The server's
+    chat path wires it in one line: ``options.constraint = tool_choice_constraint(body.tools,
+    body.tool_choice, parallel_tool_calls=...)``."""
+    if tool_choice in (None, "auto", "none"):
+        return None
+    if not tools:
+        raise ConstraintError("tool_choice", "tools to choose from", "no tools")
+    if tool_choice == "required":
+        return Constraint.tool_calls(tools, "required", parallel=parallel_tool_calls, field="tools",
+                                     after_reasoning=after_reasoning)
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        return Constraint.tool_calls(tools, tool_choice, parallel=False, field="tools", after_reasoning=after_reasoning)
+    raise ConstraintError("tool_choice", "'auto', 'none', 'required' or {'type': 'function', ...}", tool_choice)
+
+
+def constraint_from_flags(grammar: str | None = None, grammar_file=None, json_schema: str | None = None,
+                          json_schema_file=None) -> Constraint | None:
+    """llama.cpp's flags: ``--grammar TEXT``, ``--grammar-file FILE``, ``--json-schema TEXT``
+    (``-j``), ``--json-schema-file FILE``; ConstraintError naming the flag. Files are read as
+    UTF-8 and size-checked before anything parses them."""
+    given = [n for n, v in (("--grammar", grammar), ("--grammar-file", grammar_file), ("--json-schema", json_schema),
+                            ("--json-schema-file", json_schema_file)) if v is not None]
+    if len(given) > 1:
+        raise ConstraintError(given[1], f"one of {', '.join(given)}", "several")
+    if grammar is not None:
+        return Constraint.grammar(grammar, field="--grammar")
+    if json_schema is not None:
+        return Constraint.json_schema(json_schema, field="--json-schema")
+    for flag, path in (("--grammar-file", grammar_file), ("--json-schema-file", json_schema_file)):
+        if path is None:
+            continue
+        text = _read_text(flag, path)
+        if flag == "--grammar-file":
+            return Constraint.grammar(text, field=f"--grammar-file {path}")
+        return Constraint.json_schema(text, field=f"--json-schema-file {path}")
+    return None
+
+
+def _read_text(flag: str, path) -> str:
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise ConstraintError(flag, "a readable file", f"{p}: not a file")
+        if p.stat().st_size > MAX_SOURCE_BYTES:
+            raise ConstraintError(flag, f"a file of at most {MAX_SOURCE_BYTES} bytes", f"{p}: {p.stat().st_size} bytes")
+        data = p.read_bytes()
+    except OSError as e:
+        raise ConstraintError(flag, "a readable file", f"{p}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConstraintError(flag, "UTF-8 text", f"{p}: invalid byte at offset {e.start}") from None

@@ -279,3 +279,38 @@ def test_the_vocabulary_marks_special_tokens(target):
     vocab = tokenizer_for(target)
     assert vocab.special.get("</think>") is not None
     assert tokenizer_for(target) is vocab
+
+
+def test_request_fields_map_to_constraints_and_conflicts_are_refused(tmp_path):
+    from laguna_dflash.runtime.constraint import (constraint_from_flags, constraint_from_request,
+                                                  tool_choice_constraint)
+
+    assert constraint_from_request({"type": "text"}) is None and constraint_from_request() is None
+    assert constraint_from_request({"type": "json_object"}).kind == "json_object"
+    c = constraint_from_request({"type": "json_schema", "json_schema": {"name": "r", "schema": RECORD, "strict": True}})
+    assert (c.kind, c.strict, c.field) == ("json_schema", True, "response_format.json_schema.schema")
+    assert constraint_from_request({"type": "json_schema", "json_schema": {"schema": RECORD}}).strict is False
+    assert constraint_from_request(grammar='root ::= "a"').field == "grammar"
+    assert constraint_from_request(json_schema=RECORD).field == "json_schema"
+    for kwargs, field in [(dict(response_format={"type": "json_object"}, grammar='root ::= "a"'), "grammar"),
+                          (dict(response_format={"type": "xml"}), "response_format.type"),
+                          (dict(response_format={"type": "json_schema"}), "response_format.json_schema"),
+                          (dict(response_format={"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}),
+                           "response_format.json_schema.strict")]:
+        with pytest.raises(ConstraintError) as e:
+            constraint_from_request(**kwargs)
+        assert e.value.field == field
+    assert tool_choice_constraint(TOOLS, "auto") is None and tool_choice_constraint(None, None) is None
+    assert tool_choice_constraint(TOOLS, "required").kind == "tool_calls"
+    with pytest.raises(ConstraintError, match="tool_choice"):
+        tool_choice_constraint([], "required")
+    grammar_file = tmp_path / "g.gbnf"
+    grammar_file.write_text('root ::= "yes"')
+    assert constraint_from_flags(grammar_file=grammar_file).source == 'root ::= "yes"'
+    (tmp_path / "bad.json").write_bytes(b'{"type": "\xff"}')
+    for kwargs, flag in [(dict(grammar="x", json_schema="{}"), "--json-schema"),
+                         (dict(grammar_file=tmp_path / "missing"), "--grammar-file"),
+                         (dict(json_schema_file=tmp_path / "bad.json"), "--json-schema-file")]:
+        with pytest.raises(ConstraintError) as e:
+            constraint_from_flags(**kwargs)
+        assert e.value.field == flag
