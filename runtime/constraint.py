@@ -142,6 +142,7 @@ class Vocabulary:
 
     llg: Any
     special: dict[str, int]
+    eog: frozenset[int] = frozenset()  # the end-of-generation tokens
 
 
 _tokenizers: "weakref.WeakKeyDictionary[Any, Vocabulary]" = weakref.WeakKeyDictionary()
@@ -159,7 +160,8 @@ def tokenizer_for(model) -> Vocabulary:
             vocab = _LlamaVocab(model)
             llg = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab), n_vocab=model.n_vocab,
                                          eos_token=vocab.eog_ids or None)
-            tok = Vocabulary(llg, {vocab.tokens[t].decode("utf-8", "replace"): t for t in vocab.special_token_ids})
+            tok = Vocabulary(llg, {vocab.tokens[t].decode("utf-8", "replace"): t for t in vocab.special_token_ids},
+                             frozenset(vocab.eog_ids))
             _tokenizers[model] = tok
         return tok
 
@@ -185,7 +187,7 @@ class CompiledConstraint:
             raise ConstraintError(constraint.field, "a constraint some output can satisfy", "none can")
 
     def matcher(self) -> "Matcher":
-        return Matcher(self._compiled.deep_copy(), self.n_vocab)
+        return Matcher(self._compiled.deep_copy(), self.n_vocab, self.vocabulary.eog)
 
 
 _compiled: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
@@ -412,9 +414,13 @@ def _raw_string_rule(schema: dict, name: str, rules: list[str]) -> str:
 class Matcher:
     """One generation's position in a compiled constraint (CompiledConstraint.matcher())."""
 
-    def __init__(self, llg_matcher, n_vocab: int) -> None:
+    def __init__(self, llg_matcher, n_vocab: int, eog: frozenset[int] = frozenset()) -> None:
         self.n_vocab = n_vocab
         self._m = llg_matcher
+        self._eog = eog
+        # an end token consumed where the output was complete: the generation is over (kept
+        # here, since llguidance consumes no token once it has stopped)
+        self._ended = False
         self._check()
         self._bits = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)
         self.n_mask = 0  # full masks computed (for the stats and the benchmark)
@@ -424,7 +430,10 @@ class Matcher:
             raise RuntimeError(f"constraint matcher: {self._m.get_error()}")
 
     def allowed(self) -> np.ndarray:
-        """Boolean mask [n_vocab] of the tokens the grammar allows next."""
+        """Boolean mask [n_vocab] of the tokens the grammar allows next (end tokens only where
+        the output is complete; nothing after an end token)."""
+        if self._ended:
+            return np.zeros(self.n_vocab, dtype=bool)
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         self.n_mask += 1
         bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
@@ -437,7 +446,21 @@ class Matcher:
     def admissible(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar allows from here (no mask computed, no
         state changed)."""
-        return self._m.validate_tokens(list(tokens)) if len(tokens) else 0
+        if self._ended or not len(tokens):
+            return 0
+        toks = [int(t) for t in tokens]
+        cut = next((i for i, t in enumerate(toks) if t in self._eog), len(toks))
+        n = self._m.validate_tokens(toks[:cut]) if cut else 0
+        if n < cut or cut == len(toks):
+            return n
+        # an end token: allowed where the output before it is complete (asked of the state
+        # after the prefix, since llguidance refuses end tokens once it has stopped)
+        k = self._m.try_consume_tokens(toks[:cut]) if cut else 0
+        try:
+            return n + 1 if self._m.is_accepting() else n
+        finally:
+            if k:
+                self._m.rollback(k)
 
     def complete_draft(self, drafts: Sequence[int], depth: int) -> list[int]:
         """The drafts up to the first one the grammar forbids, then the tokens the grammar
@@ -454,22 +477,35 @@ class Matcher:
         return drafts + forced[:depth - len(drafts)]
 
     def is_allowed(self, token: int) -> bool:
-        return self._m.validate_tokens([int(token)]) == 1
+        return self.admissible([token]) == 1
 
     def try_consume(self, tokens: Sequence[int]) -> int:
         """Consume the longest allowed prefix of ``tokens``; returns its length."""
-        return self._m.try_consume_tokens([int(t) for t in tokens]) if len(tokens) else 0
+        n = 0
+        for i, t in enumerate(tokens):
+            if int(t) in self._eog:
+                done = self._m.try_consume_tokens([int(x) for x in tokens[n:i]]) if i > n else 0
+                n += done
+                if n < i or self._ended or not self._m.is_accepting():
+                    return n
+                self._ended = True
+                return n + 1
+        if n < len(tokens) and not self._ended:
+            n += self._m.try_consume_tokens([int(x) for x in tokens[n:]])
+        return n
 
     def consume(self, tokens: Sequence[int]) -> None:
         """Consume ``tokens``, every one of which must be allowed (ValueError otherwise, the
         matcher unchanged)."""
         n = self.try_consume(tokens)
         if n != len(tokens):
-            self._m.rollback(n)
+            self.rollback(n)
             raise ValueError(f"token {int(tokens[n])} is not allowed by the constraint here")
 
     def rollback(self, n: int) -> None:
         """Forget the last ``n`` consumed tokens."""
+        if n and self._ended:
+            self._ended, n = False, n - 1
         if n and not self._m.rollback(n):
             raise RuntimeError(f"constraint matcher: cannot roll back {n} tokens: {self._m.get_error()}")
 
@@ -479,9 +515,18 @@ class Matcher:
         return self._m.is_accepting()
 
     @property
+    def ended(self) -> bool:
+        """An end token was consumed: nothing follows."""
+        return self._ended
+
+    @property
+    def end_token(self) -> int:
+        return min(self._eog) if self._eog else 0
+
+    @property
     def stopped(self) -> bool:
-        """Nothing but end of generation is allowed: the output is complete."""
-        return self._m.is_stopped()
+        """The output is complete: nothing but an end token is allowed, or one was consumed."""
+        return self._ended or self._m.is_stopped()
 
 
 class ConstrainedSampler(Sampler):
@@ -494,6 +539,10 @@ class ConstrainedSampler(Sampler):
         self.matcher = matcher
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        if self.matcher.ended:
+            # the row after an accepted end token: generation stops at that token, this one is
+            # never emitted
+            return self.matcher.end_token
         if self.params.greedy and not self.history_len:
             tok = int(np.argmax(logits))
             if self.matcher.try_consume([tok]):

@@ -314,3 +314,24 @@ def test_request_fields_map_to_constraints_and_conflicts_are_refused(tmp_path):
         with pytest.raises(ConstraintError) as e:
             constraint_from_flags(**kwargs)
         assert e.value.field == flag
+
+
+def test_an_end_token_after_a_complete_output_is_accepted_without_error(target):
+    """Drafts that complete the grammar and then propose end tokens: the first end token is
+    accepted (the output is complete there), nothing after it, and the sampler does not fail."""
+    from laguna_dflash.runtime.constraint import ConstrainedSampler
+
+    c = compile_constraint(Constraint.grammar('root ::= "yes"'), target)
+    yes = target.tokenize("yes", add_special=False)
+    eos = next(t for t in range(target.n_vocab) if target.is_eog(t))
+    drafts = yes + [eos, eos]
+    m = c.matcher()
+    assert m.admissible(drafts) == len(yes) + 1
+    logits = np.zeros((len(drafts) + 1, target.n_vocab), dtype=np.float32)
+    for i, t in enumerate(drafts + [eos]):
+        logits[i, t] = 10.0
+    n, nxt = ConstrainedSampler(SamplingParams(), m).accept(logits, drafts[:m.admissible(drafts)])
+    assert n == len(yes) + 1 and m.stopped
+    m.rollback(1)
+    assert not m.admissible([yes[0]]) and m.admissible([eos]) == 1  # back to complete, not ended
+    assert ConstrainedSampler(SamplingParams(temperature=1.0, seed=0), c.matcher()).sample(logits[0]) == yes[0]
