@@ -462,19 +462,28 @@ class Matcher:
             if k:
                 self._m.rollback(k)
 
-    def complete_draft(self, drafts: Sequence[int], depth: int) -> list[int]:
-        """The drafts up to the first one the grammar forbids, then the tokens the grammar
-        forces after them (a schema's keys and punctuation), at most ``depth`` in all: the
-        rows a verify pass can hope to accept. No state changes."""
-        drafts = list(drafts[:self.admissible(drafts)])
-        if len(drafts) >= depth:
-            return drafts
-        n = self.try_consume(drafts)
+    def draft(self, logits: np.ndarray) -> list[int]:
+        """The drafter's proposals under the grammar: row ``i`` of the drafter's block logits
+        [k, n_vocab] read in the state after the proposals before it, its masked argmax (a mask
+        only where the plain argmax is forbidden). Stops early where the grammar allows
+        nothing more. No state changes."""
+        drafts: list[int] = []
         try:
-            forced = self._m.compute_ff_tokens()
+            for row in logits:
+                tok = int(np.argmax(row))
+                if not self.try_consume([tok]):
+                    allowed = self.allowed()
+                    if not allowed.any():
+                        break
+                    tok = int(np.argmax(np.where(allowed, row, -np.inf)))
+                    if not self.try_consume([tok]):
+                        break
+                drafts.append(tok)
+                if self._ended:
+                    break
         finally:
-            self.rollback(n)
-        return drafts + forced[:depth - len(drafts)]
+            self.rollback(len(drafts))
+        return drafts
 
     def is_allowed(self, token: int) -> bool:
         return self.admissible([token]) == 1

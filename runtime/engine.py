@@ -452,12 +452,15 @@ class Engine:
             rec.mark("host")
             if drafter.catch_up(n_past):
                 rec.mark("catchup")
-            proposed = drafts = drafter.draft(bonus, depth)
-            rec.mark("draft")
-            if grammar is not None:
-                # a draft the grammar forbids can never be accepted: verify only the rows before
-                # it, and after them the tokens the grammar forces, if any
-                drafts = grammar.complete_draft(drafts, depth)
+            if grammar is None:
+                drafts = drafter.draft(bonus, depth)
+                rec.mark("draft")
+            else:
+                # a token the grammar forbids can never be accepted: each row proposes the
+                # drafter's best token among those the grammar allows after the rows before it
+                block = drafter.draft_logits(bonus, depth)
+                rec.mark("draft")
+                drafts = grammar.draft(block)
                 rec.mark("host")
             # ---- verify: one target pass over [bonus, drafts]; accept while the target's own
             # choice at each row equals the draft
@@ -470,8 +473,7 @@ class Engine:
             self.ctx.seq_rm(keep, -1)
             drafter.inject_captured(1 + n_acc, n_past)
             rec.mark("draft")
-            rec.round_ends(depth, n_acc, bonus, proposed, nxt, n_past, keep,
-                           verified=drafts if grammar is not None else None)
+            rec.round_ends(depth, n_acc, bonus, drafts, nxt, n_past, keep)
             n_past, emitted, bonus = keep, drafts[:n_acc] + [nxt], nxt
 
         rec.generation_ends(len(out))
@@ -569,7 +571,7 @@ class _Recorder:
         self.last = now
 
     def round_ends(self, depth: int, n_acc: int, bonus: int, drafts: list[int], nxt: int, pos: int,
-                   n_past: int, verified: list[int] | None = None) -> None:
+                   n_past: int) -> None:
         now = self.clock()
         self.totals["host"] += now - self.last
         if depth:
@@ -583,9 +585,7 @@ class _Recorder:
         if self.trace:
             self.trace({"round": self.stats.rounds, "pos": pos, "depth": depth, "bonus": int(bonus),
                         "drafted": [int(d) for d in drafts], "accepted": n_acc, "next": int(nxt),
-                        "n_past": n_past, **self.policy.decision(),
-                        # under a constraint: the drafts that were verified (cut, then forced tokens)
-                        **({"verified": [int(d) for d in verified]} if verified is not None else {})})
+                        "n_past": n_past, **self.policy.decision()})
 
     def generation_ends(self, n_generated: int) -> None:
         s = self.stats

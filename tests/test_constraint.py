@@ -88,39 +88,38 @@ def test_constrained_greedy_speculative_equals_constrained_plain_and_validates(e
     assert drafted > 0
 
 
-def test_forbidden_drafts_are_cut_and_forced_tokens_verified_instead(engine):
-    """Every verified block is the drafts up to the first one the grammar forbids, then the tokens
-    the grammar forces after them; a forbidden draft is never decoded, and cuts happen."""
+def test_drafts_are_the_drafters_best_allowed_tokens(engine):
+    """Every verified block holds only tokens the grammar allows, each the drafter's best allowed
+    token in its row; where the drafter's own argmax was forbidden it was replaced, never
+    verified."""
     c = compile_constraint(Constraint.json_schema(RECORD), engine.target)
-    verified, rounds = [], []
-    real_decode_block = engine.ctx.decode_block
+    blocks, rounds = [], []
+    real_draft_logits = engine.drafter.draft_logits
 
-    def recording_decode_block(tokens, pos0, first_output=0):
-        verified.append(list(tokens))
-        return real_decode_block(tokens, pos0, first_output)
+    def recording_draft_logits(bonus, n_draft):
+        logits = real_draft_logits(bonus, n_draft)
+        blocks.append(np.array(logits))
+        return logits
 
-    engine.ctx.decode_block = recording_decode_block
+    engine.drafter.draft_logits = recording_draft_logits
     try:
         prompt = JSON_PROMPTS[0]
         res = run(engine, prompt, c, 8, trace=lambda r: rounds.append(r) if r["depth"] else None)
     finally:
-        del engine.ctx.decode_block
+        del engine.drafter.draft_logits
     n_prompt = len(engine.tokenize(prompt))
-    assert len(verified) == len(rounds)
-    cut = forced = 0
-    for block, r in zip(verified, rounds):
-        assert block == [r["bonus"]] + r["verified"]
+    assert len(blocks) == len(rounds)
+    replaced = 0
+    for logits, r in zip(blocks, rounds):
         state = c.matcher()
         state.consume(res.tokens[:r["pos"] - n_prompt + 1])  # the output up to the bonus
-        assert state.admissible(r["verified"]) == len(r["verified"]), "a draft the grammar forbids was verified"
-        n_ok = state.admissible(r["drafted"])
-        assert r["verified"][:n_ok] == r["drafted"][:n_ok], "an allowed draft was cut"
-        cut += n_ok < len(r["drafted"])
-        state.consume(r["drafted"][:n_ok])
-        tail = r["verified"][n_ok:]
-        assert tail == state._m.compute_ff_tokens()[:len(tail)], "verified tokens after a cut that the grammar does not force"
-        forced += len(tail)
-    assert cut > 0 and forced > 0, "no proposal was cut, or nothing forced: the test would not see either"
+        for row, tok in zip(logits, r["drafted"]):
+            allowed = state.allowed()
+            assert allowed[tok], "a draft the grammar forbids was verified"
+            assert tok == int(np.argmax(np.where(allowed, row, -np.inf)))
+            replaced += tok != int(np.argmax(row))
+            state.consume([tok])
+    assert replaced > 0, "the drafter never proposed a forbidden token: the test would not see a replacement"
 
 
 def test_tool_calls_in_laguna_markup_parse_and_validate(engine):
