@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .request import RequestError
 from .sampling import Sampler, SamplingParams
 
 #: A grammar or schema text larger than this is refused before it is parsed.
@@ -45,13 +46,16 @@ LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-class ConstraintError(ValueError):
-    """A constraint that cannot be used; front ends report it as one line (exit 2, HTTP 400)."""
+class ConstraintError(RequestError):
+    """A constraint that cannot be used; ``field`` is the name the user gave it (a flag, a JSON
+    parameter), so front ends report it as it is: one line, exit 2 or HTTP 400."""
 
     def __init__(self, field: str, expected: str, found: object) -> None:
-        self.field, self.expected, self.found = field, expected, found
         found_text = found if isinstance(found, str) else repr(found)
-        super().__init__(f"{field}: expected {expected}, found {_shorten(found_text)}")
+        super().__init__(field, expected, _shorten(found_text), code="invalid_constraint")
+
+    def render(self, name: str) -> str:
+        return f"{name}: expected {self.expected}, found {self.found}"
 
 
 def _shorten(text: str, limit: int = 300) -> str:
