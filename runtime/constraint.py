@@ -222,6 +222,21 @@ def compile_constraint(constraint: Constraint | CompiledConstraint, model) -> Co
     return compiled
 
 
+def precheck(constraint: Constraint) -> Constraint:
+    """What can be checked before any model loads (the JSON, the grammar's syntax and rules,
+    the schema's keywords and the limits): a CLI refuses a bad flag without loading the pair.
+    Compiling against the vocabulary (compile_constraint) still decides."""
+    import llguidance
+
+    if constraint.kind in ("json_schema", "json_object", "grammar") and not constraint.after_reasoning:
+        grammar = _grammar_text(constraint, Vocabulary(None, {}))
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None, limits=_limits())
+        if is_error:
+            raise ConstraintError(constraint.field, "a constraint that compiles within the limits",
+                                  messages[0] if messages else "an error")
+    return constraint
+
+
 def _cache_key(c: Constraint) -> str:
     try:
         source = json.dumps(c.source, sort_keys=True)

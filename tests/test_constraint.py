@@ -334,3 +334,30 @@ def test_an_end_token_after_a_complete_output_is_accepted_without_error(target):
     m.rollback(1)
     assert not m.admissible([yes[0]]) and m.admissible([eos]) == 1  # back to complete, not ended
     assert ConstrainedSampler(SamplingParams(temperature=1.0, seed=0), c.matcher()).sample(logits[0]) == yes[0]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--grammar", 'root ::= "a" | ('], "--grammar: expected a GBNF or Lark grammar"),
+    (["-j", '{"type": "object"'], "--json-schema: expected a JSON schema (JSON text)"),
+    (["-j", '{"type": "string", "format": "zzz"}'], "--json-schema: expected a constraint that compiles"),
+    (["--grammar-file", "/nonexistent/g.gbnf"], "--grammar-file: expected a readable file"),
+    (["--grammar", 'root ::= "a"', "-j", "{}"], "--json-schema: expected one of --grammar, --json-schema"),
+])
+def test_cli_constraint_flags_are_refused_before_loading(capsys, args, needle):
+    from laguna_dflash.runtime.cli import main
+
+    assert main(["-m", "/nonexistent/target.gguf", "-p", "x", *args]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+
+
+def test_cli_generates_under_a_json_schema(capsys, tmp_path):
+    from laguna_dflash.runtime.cli import main
+
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(ENUMS))
+    assert main(["-m", str(assets.TINY_TARGET), "-md", str(assets.converted_tiny_drafter()), "-t", "1",
+                 "-p", JSON_PROMPTS[0], "-n", "120", "--n-max", "4", "-jf", str(schema_file), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stop_reason"] == "eog"
+    jsonschema.validate(json.loads(out["text"]), ENUMS)

@@ -39,6 +39,19 @@ def _apply_chat(engine, prompt: str) -> str:
                        bos_token=engine.target.special_text("bos"), eos_token=engine.target.special_text("eos"))
 
 
+def _constraint(grammar, grammar_file, json_schema, json_schema_file):
+    """The output constraint of llama.cpp's flags, checked as far as it can be before the pair
+    loads (UserError naming the flag)."""
+    if grammar is None and grammar_file is None and json_schema is None and json_schema_file is None:
+        return None
+    from ..constraint import ConstraintError, constraint_from_flags, precheck
+
+    try:
+        return precheck(constraint_from_flags(grammar, grammar_file, json_schema, json_schema_file))
+    except ConstraintError as e:
+        raise UserError(str(e)) from None
+
+
 def stats_table(stats, title: str = "laguna-run") -> Table:
     t = Table(title=title, show_header=False, title_justify="left")
     t.add_column(style="bold")
@@ -78,6 +91,10 @@ def run(
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
     json_out: Annotated[bool, switch("--json", help="Print one JSON object (text + stats) instead of streaming.")] = False,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write one JSON line per round to this file.")] = None,
+    grammar: Annotated[Optional[str], typer.Option("--grammar", help="Constrain the output to this GBNF grammar (or Lark, llguidance's dialect).")] = None,
+    grammar_file: Annotated[Optional[Path], typer.Option("--grammar-file", help="... read from a file.")] = None,
+    json_schema: Annotated[Optional[str], typer.Option("-j", "--json-schema", help="Constrain the output to JSON valid under this schema.")] = None,
+    json_schema_file: Annotated[Optional[Path], typer.Option("-jf", "--json-schema-file", help="... read from a file.")] = None,
     *,
     flags: PairFlags,
 ) -> None:
@@ -98,6 +115,7 @@ def run(
         check_output_path(trace, "--trace")
     if file is not None:
         prompt = assets.read_prompt_text(file)
+    constraint = _constraint(grammar, grammar_file, json_schema, json_schema_file)
     pair = flags.open_pair()
     depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
     (opts,) = request_options([depth], pair, flags, sampling=sampling, **request)
@@ -108,6 +126,13 @@ def run(
     with engine:
         if chat:
             prompt = _apply_chat(engine, prompt)
+        if constraint is not None:
+            from ..constraint import ConstraintError, compile_constraint
+
+            try:
+                opts.constraint = compile_constraint(constraint, engine.target)
+            except ConstraintError as e:
+                raise UserError(str(e)) from None
         # line-buffered: a trace can be followed live, and holds whole rounds whenever it stops
         trace_f = open(trace, "w", encoding="utf-8", buffering=1) if trace else None
         ctrl_c = CtrlC()
