@@ -276,6 +276,30 @@ def _load_schema(schema: Any, field_name: str) -> dict:
     return schema
 
 
+def closed_objects(schema: Any) -> Any:
+    """A copy of ``schema`` where an object that lists its ``properties`` and says nothing about
+    others gets ``additionalProperties: false``: llama.cpp's rule for generation (and what
+    OpenAI's strict mode demands), since JSON Schema's own default (any other property) lets a
+    model append properties until it runs out of tokens. A schema that says otherwise keeps it."""
+    if isinstance(schema, list):
+        return [closed_objects(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in ("enum", "const", "default", "examples"):
+            out[k] = v  # values, not schemas
+        elif k in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas") \
+                and isinstance(v, dict):
+            out[k] = {name: closed_objects(sub) for name, sub in v.items()}  # a map of schemas
+        else:
+            out[k] = closed_objects(v)
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema \
+            and "patternProperties" not in schema and "unevaluatedProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def _special(tok, text: str) -> str | None:
     """``<[id]>`` when ``text`` is one special token of this vocabulary, else None."""
     t = tok.special.get(text)
@@ -297,7 +321,7 @@ def _grammar_text(c: Constraint, tok) -> str:
     import llguidance
 
     if c.kind in ("json_schema", "json_object"):
-        schema = {"type": "object"} if c.kind == "json_object" else _load_schema(c.source, c.field)
+        schema = {"type": "object"} if c.kind == "json_object" else closed_objects(_load_schema(c.source, c.field))
         if c.after_reasoning:
             body = f"start: {_reasoning_prefix(tok, c.field)} answer\nanswer: {_inline_json(schema, c.strict)}\n"
             return _lark_grammar(body, c.field)
@@ -403,7 +427,7 @@ def tool_call_grammar(tools: Sequence[dict], choice: str | dict, tok, field_name
             if sub.get("type") == "string":
                 value = _raw_string_rule(sub, f"RAW_{i}_{j}", rules)
             else:
-                rules.append(f"value_{i}_{j}: {_inline_json(sub, True)}")
+                rules.append(f"value_{i}_{j}: {_inline_json(closed_objects(sub), True)}")
                 value = f'value_{i}_{j} "</arg_value>"'
             arg = f'"<arg_key>" {_lark_literal(key)} "</arg_key><arg_value>" {value}'
             parts.append(f"({arg})" if key in required else f"({arg})?")

@@ -361,3 +361,23 @@ def test_cli_generates_under_a_json_schema(capsys, tmp_path):
     out = json.loads(capsys.readouterr().out)
     assert out["stop_reason"] == "eog"
     jsonschema.validate(json.loads(out["text"]), ENUMS)
+
+
+def test_objects_that_list_their_properties_are_closed_unless_the_schema_says_otherwise():
+    from laguna_dflash.runtime.constraint import closed_objects
+
+    schema = {"type": "object", "properties": {"properties": {"type": "object", "properties": {"a": {}}},
+                                               "open": {"type": "object", "properties": {},
+                                                        "additionalProperties": True},
+                                               "list": {"type": "array", "items": {"properties": {"b": {}}}},
+                                               "e": {"enum": [{"properties": {}}]}},
+              "$defs": {"D": {"properties": {"c": {}}}}}
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["properties"]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["properties"]  # a property named "properties" is not a schema
+    assert closed["properties"]["open"]["additionalProperties"] is True
+    assert closed["properties"]["list"]["items"]["additionalProperties"] is False
+    assert closed["properties"]["e"]["enum"] == [{"properties": {}}]
+    assert closed["$defs"]["D"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # a copy

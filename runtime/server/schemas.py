@@ -10,13 +10,17 @@ OpenAI API has and this server serves:
 - ``frequency_penalty`` / ``presence_penalty``: only 0 — OpenAI's additive penalties have no
   exact counterpart in llama.cpp's multiplicative ``repeat_penalty``, which is served instead.
 
+Structured output: ``response_format`` (``text``, ``json_object``, ``json_schema`` with ``schema``
+and ``strict``) and llama-server's ``grammar`` (GBNF) and ``json_schema``; checked and compiled by
+runtime/constraint.py, a bad one a 400 naming the field.
+
 Extensions (llama-server's names): ``top_k``, ``min_p``, ``repeat_penalty``, ``repeat_last_n``,
 and ``n_max``, the draft depth of this request (0..block_size-1 or ``"auto"``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +66,10 @@ class GenerationFields(Strict):
     n: int | None = None
     user: str | None = None
     n_max: int | Literal["auto"] | None = None
+    # structured output (runtime/constraint.py reads them, naming each field in its errors)
+    response_format: dict[str, Any] | None = None
+    grammar: str | None = None
+    json_schema: dict[str, Any] | bool | None = None
 
 
 class CompletionRequest(GenerationFields):
