@@ -257,6 +257,12 @@ class Engine:
         check_context(len(prompt_tokens), opts.n_predict, self.ctx.n_ctx)
         policy = self._policy(opts.n_max)
         sampler = Sampler(opts.sampling)
+        grammar = None
+        if opts.constraint is not None:
+            from .constraint import ConstrainedSampler, compile_constraint
+
+            grammar = compile_constraint(opts.constraint, self.target).matcher()
+            sampler = ConstrainedSampler(opts.sampling, grammar)
         # a fixed depth of 0 is plain decoding: no capture, no drafter bookkeeping
         drafter = None if isinstance(policy, FixedDepth) and policy.depth == 0 else self.drafter
         if self.drafter is not None:
@@ -276,6 +282,8 @@ class Engine:
             # cost, as the tuner sees it, starts here)
             rec.round_begins()
             n_keep, reason, text = self._stop_check(out, emitted, opts, cutter)
+            if reason is None and grammar is not None and grammar.stopped:
+                reason = "eog"  # the constrained output is complete: only an end token could follow
             if reason is None and opts.should_stop is not None and opts.should_stop():
                 reason = "interrupted"
             kept = emitted[:n_keep]
@@ -308,13 +316,21 @@ class Engine:
             rec.mark("host")
             if drafter.catch_up(n_past):
                 rec.mark("catchup")
-            drafts = drafter.draft(bonus, depth)
-            rec.mark("draft")
+            if grammar is None:
+                drafts = drafter.draft(bonus, depth)
+                rec.mark("draft")
+            else:
+                # a token the grammar forbids can never be accepted: each row proposes the
+                # drafter's best token among those the grammar allows after the rows before it
+                block = drafter.draft_logits(bonus, depth)
+                rec.mark("draft")
+                drafts = grammar.draft(block)
+                rec.mark("host")
             # ---- verify: one target pass over [bonus, drafts]; accept while the target's own
             # choice at each row equals the draft
             self.ctx.decode_block([bonus] + drafts, n_past)
             rec.mark("verify")
-            n_acc, nxt = sampler.accept(self.ctx.logits_block(depth + 1), drafts, history)
+            n_acc, nxt = sampler.accept(self.ctx.logits_block(len(drafts) + 1), drafts, history)
             rec.mark("host")
             # ---- roll back: the target keeps bonus + accepted drafts, the drafter reads their rows
             keep = n_past + 1 + n_acc

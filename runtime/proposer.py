@@ -10,7 +10,7 @@
    the drafter's context to the prefix it reuses, or the engine calls ``reset()``.
 3. per prefilled chunk of the prompt (drafting): ``inject_visible(captured_features(), ...)``.
 4. per round, drafting: ``catch_up(n_past)`` (rows of the plain steps before), ``draft(bonus,
-   k)`` (k proposals), the target verifies, then ``inject_captured(1 + n_accepted, n_past)``.
+   k)`` (k proposals; ``draft_logits`` under an output constraint), the target verifies, then ``inject_captured(1 + n_accepted, n_past)``.
    A plain round inside a drafting sequence is wrapped in ``plain_step_begins(rounds_ahead)``
    and ``plain_step_ends()`` (the row is queued for the next catch-up, or skipped).
 5. ``close()``.
@@ -72,6 +72,10 @@ class Proposer(Protocol):
 
     def draft(self, bonus: int, n_draft: int) -> list[int]:
         """``n_draft`` proposed tokens after ``bonus`` (greedy over the drafter's logits)."""
+
+    def draft_logits(self, bonus: int, n_draft: int) -> np.ndarray:
+        """The logits [n_draft, n_vocab] ``draft`` takes its argmax of (a constrained round
+        picks each row's best allowed token instead)."""
 
     def inject_captured(self, n: int, start_pos: int) -> None:
         """The first ``n`` rows of the target's last decode (bonus + accepted drafts) as

@@ -121,6 +121,18 @@ def check_end_tokens(value: object) -> tuple[int, ...]:
     return tuple(int(t) for t in tokens)
 
 
+def check_constraint(value: object):
+    """A Constraint or a CompiledConstraint (compiled against a target by the engine, or before
+    by a front end that wants the refusal early: runtime.constraint.compile_constraint)."""
+    if value is None:
+        return None
+    from .constraint import CompiledConstraint, Constraint
+
+    if not isinstance(value, (Constraint, CompiledConstraint)):
+        raise RequestError("constraint", "a runtime.constraint.Constraint", type(value).__name__)
+    return value
+
+
 def sampling_params(**values) -> SamplingParams:
     """SamplingParams from request values (their ranges live in SamplingParams.validate);
     a seed of -1 is llama.cpp's "a random seed"."""
@@ -170,12 +182,16 @@ class GenerateOptions:
     end_tokens: tuple[int, ...] = ()
     # special tokens written as their text (chat: the reply parser reads <think>, <tool_call>)
     special_text: bool = False
+    # structured output (runtime/constraint.py): a Constraint, or one compiled for the target;
+    # the output then matches it, and generation ends ("eog") when it is complete
+    constraint: object | None = None
 
     def __post_init__(self) -> None:
         self.n_predict = check_n_predict(self.n_predict)
         self.end_tokens = check_end_tokens(self.end_tokens)
         self.n_max = parse_n_max(self.n_max)
         self.stop = check_stop(self.stop)
+        self.constraint = check_constraint(self.constraint)
         if not isinstance(self.sampling, SamplingParams):
             raise RequestError("sampling", "a SamplingParams", self.sampling)
 

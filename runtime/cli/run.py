@@ -30,6 +30,19 @@ SUBCOMMANDS = """Commands (the first argument; run is the default):
 run_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
 
 
+def _constraint(grammar, grammar_file, json_schema, json_schema_file):
+    """The output constraint of llama.cpp's flags, checked as far as it can be before the pair
+    loads (UserError naming the flag)."""
+    if grammar is None and grammar_file is None and json_schema is None and json_schema_file is None:
+        return None
+    from ..constraint import ConstraintError, constraint_from_flags, precheck
+
+    try:
+        return precheck(constraint_from_flags(grammar, grammar_file, json_schema, json_schema_file))
+    except ConstraintError as e:
+        raise UserError(str(e)) from None
+
+
 def stats_table(stats, title: str = "laguna-run") -> Table:
     t = Table(title=title, show_header=False, title_justify="left")
     t.add_column(style="bold")
@@ -80,6 +93,10 @@ def run(
         "Print one JSON object (text, the chat message with reasoning and tool calls, stats) instead of "
         "streaming; with -cnv one per turn."))] = False,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write one JSON line per round to this file.")] = None,
+    grammar: Annotated[Optional[str], typer.Option("--grammar", help="Constrain the output to this GBNF grammar (or Lark, llguidance's dialect).")] = None,
+    grammar_file: Annotated[Optional[Path], typer.Option("--grammar-file", help="... read from a file.")] = None,
+    json_schema: Annotated[Optional[str], typer.Option("-j", "--json-schema", help="Constrain the output to JSON valid under this schema.")] = None,
+    json_schema_file: Annotated[Optional[Path], typer.Option("-jf", "--json-schema-file", help="... read from a file.")] = None,
     *,
     flags: PairFlags,
 ) -> None:
@@ -114,6 +131,7 @@ def run(
         check_output_path(trace, "--trace")
     if file is not None:
         prompt = assets.read_prompt_text(file)
+    constraint = _constraint(grammar, grammar_file, json_schema, json_schema_file)
     pair = flags.open_pair()
     depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
     (opts,) = request_options([depth], pair, flags, sampling=sampling, **request)
@@ -127,6 +145,13 @@ def run(
 
             session = ChatSession(engine, chat_template(engine.target, chat_template_file, template_text),
                                   system=system, template_kwargs=kwargs)
+        if constraint is not None:
+            from ..constraint import ConstraintError, compile_constraint
+
+            try:
+                opts.constraint = compile_constraint(constraint, engine.target)
+            except ConstraintError as e:
+                raise UserError(str(e)) from None
         if conversation:
             return run_conversation(session, opts, json_out, placement)
         # line-buffered: a trace can be followed live, and holds whole rounds whenever it stops

@@ -195,6 +195,7 @@ class Server:
                                       n_max=body.n_max if body.n_max is not None else self.settings.n_max,
                                       sampling=sampling, stop=body.stop or ()).check_limits(self.limits)
             tokens, turn = self._prompt_tokens(body)
+            options.constraint = self._constraint(body, tokens, chat)
             if max_tokens is None:
                 max_tokens = max(0, context_room(len(tokens), self.n_ctx)) if chat else COMPLETION_MAX_TOKENS
             options.n_predict = max_tokens
@@ -204,6 +205,17 @@ class Server:
         except RequestError as e:
             raise request_error(e, body, chat) from None
         return tokens, options, options.n_max, turn
+
+    def _constraint(self, body, tokens: list[int], chat: bool):
+        """The request's output constraint compiled for the target (cached per schema), or None.
+        A chat prompt that leaves the model inside reasoning (it ends in <think>) lets the
+        reasoning run free up to </think> first."""
+        from ..constraint import compile_constraint, constraint_from_request
+
+        tail = self.target.detokenize(tokens[-4:]).decode("utf-8", "replace").rstrip() if chat else ""
+        constraint = constraint_from_request(body.response_format, body.grammar, body.json_schema,
+                                             after_reasoning=tail.endswith("<think>"))
+        return None if constraint is None else compile_constraint(constraint, self.target)
 
     # ------------------------------------------------------------------ responses
 
