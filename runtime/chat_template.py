@@ -55,9 +55,10 @@ def _one_line(text: str) -> str:
 
 def _environment():
     from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    from .template_limits import BoundedSandbox
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -103,10 +104,14 @@ class ChatTemplate:
                bos_token: str = "", eos_token: str = "", **variables: Any) -> str:
         from jinja2.sandbox import SecurityError
 
+        from .template_limits import TemplateLimitExceeded, render_bounded
+
         msgs = check_messages(messages)
         try:
-            return self._template.render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                                         bos_token=bos_token, eos_token=eos_token, **variables)
+            return render_bounded(self._template, dict(messages=msgs, add_generation_prompt=add_generation_prompt,
+                                                       bos_token=bos_token, eos_token=eos_token, **variables))
+        except TemplateLimitExceeded as e:
+            raise self._error(f"{e} (refused)") from None
         except TemplateRaised as e:
             raise self._error(f"the template refused the conversation: {e}") from None
         except SecurityError as e:
