@@ -34,6 +34,7 @@ from ...convert.errors import UserError
 from ..chat_template import TEMPLATE_KEY, ChatTemplate
 from ..engine import GenerateOptions
 from ..sampling import SamplingError, SamplingParams
+from .guards import BodyLimitMiddleware, PreparePool, default_max_body_bytes, lone_surrogate
 from .pool import BackendLost, Job, PoolClosed, QueueFull, SlotPool
 from .schemas import MAX_STOPS, ChatCompletionRequest, CompletionRequest, GenerationFields
 
@@ -69,6 +70,8 @@ class ServerSettings:
     chat_template: str | None = None  # overrides the GGUF's tokenizer.chat_template
     chat_template_source: str | None = None  # names the template in errors
     close_pool_on_shutdown: bool = True
+    max_body_bytes: int | None = None  # None: guards.default_max_body_bytes(n_ctx)
+    prepare_workers: int = 2  # threads rendering templates and tokenizing
 
 
 class ApiKeyMiddleware:
@@ -120,6 +123,12 @@ class Server:
                                 f"({e.reason})") from None
             source = str(self.target.path)
         self.template = ChatTemplate(text, source or "chat template") if text else None
+        from ..prompt_bound import longest_token_bytes
+
+        self.longest_token = longest_token_bytes(self.target.path)
+        self.max_body_bytes = settings.max_body_bytes or default_max_body_bytes(self.n_ctx)
+        self.preparing = PreparePool(settings.prepare_workers, max_waiting=pool.max_queue + len(pool.slots))
+        self.draining = False  # a signal came: no new requests
 
     # ------------------------------------------------------------------ preparation (a thread)
 
@@ -150,19 +159,21 @@ class Server:
     def _stops(self, body: GenerationFields) -> tuple[str, ...]:
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
         if len(stops) > MAX_STOPS:
-            raise ApiError(400, f"stop: expected at most {MAX_STOPS} strings, found {len(stops)}", param="stop")
+            raise ApiError(400, f"stop: expected at most {MAX_STOPS} strings, found {len(stops)}", param="stop",
+                           code="invalid_value")
         if any(not s for s in stops):
-            raise ApiError(400, "stop: expected non-empty strings, found ''", param="stop")
+            raise ApiError(400, "stop: expected non-empty strings, found ''", param="stop", code="invalid_value")
         return tuple(stops)
 
     def _check_common(self, body: GenerationFields) -> None:
         if body.n not in (None, 1):
-            raise ApiError(400, f"n: expected 1 (one choice per request), found {body.n}", param="n")
+            raise ApiError(400, f"n: expected 1 (one choice per request), found {body.n}", param="n",
+                           code="invalid_value")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(body, name)
             if value not in (None, 0, 0.0):
                 raise ApiError(400, f"{name}: expected 0 (OpenAI's additive penalties have no exact counterpart "
-                                    f"here; use repeat_penalty), found {value}", param=name)
+                                    f"here; use repeat_penalty), found {value}", param=name, code="invalid_value")
 
     def _prompt_tokens(self, body) -> list[int]:
         if isinstance(body, ChatCompletionRequest):
@@ -175,31 +186,55 @@ class Server:
                 text = self.template.render(messages, add_generation_prompt=True, bos_token=self.bos,
                                             eos_token=self.eos)
             except UserError as e:
-                raise ApiError(400, str(e), param="messages") from None
+                raise ApiError(400, str(e), param="messages", code="template_error") from None
+            self._check_length(len(text), "messages")
             # a template that writes the BOS itself must not get a second one
             return self.target.tokenize(text, add_special=not (self.bos and text.startswith(self.bos)),
                                         parse_special=True)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
-                raise ApiError(400, f"prompt: expected one prompt per request, found {len(prompt)}", param="prompt")
+                raise ApiError(400, f"prompt: expected one prompt per request, found {len(prompt)}", param="prompt",
+                               code="invalid_value")
             prompt = prompt[0]
         if isinstance(prompt, str):
+            self._check_length(len(prompt), "prompt")
             return self.target.tokenize(prompt, add_special=True, parse_special=True)
         n_vocab = self.target.n_vocab
         bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
         if bad is not None:
-            raise ApiError(400, f"prompt: expected token ids in 0..{n_vocab - 1}, found {bad}", param="prompt")
+            raise ApiError(400, f"prompt: expected token ids in 0..{n_vocab - 1}, found {bad}", param="prompt",
+                           code="invalid_value")
+        self._check_length(len(prompt), "prompt", tokens=True)
         return list(prompt)
 
+    def _check_length(self, n: int, param: str, tokens: bool = False) -> None:
+        """Refuse, before tokenizing it, a prompt that cannot fit the context (prompt_bound)."""
+        from ..prompt_bound import min_tokens
+
+        least = n if tokens else min_tokens(n, self.longest_token)
+        if least > self.n_ctx - CONTEXT_MARGIN:
+            raise ApiError(400, f"this model's context is {self.n_ctx} tokens; the prompt needs at least {least} "
+                                f"({n} {'tokens' if tokens else 'characters'}): shorten it", param=param,
+                           code="context_length_exceeded")
+
+    def _check_text(self, body) -> None:
+        found = lone_surrogate(body.model_dump(exclude_none=True))
+        if found is not None:
+            where, index, char = found
+            raise ApiError(400, f"{where}: expected Unicode text, found a lone surrogate U+{ord(char):04X} at "
+                                f"character {index}", param=where, code="invalid_value")
+
     def prepare(self, body) -> tuple[list[int], GenerateOptions, int | str]:
+        self._check_text(body)
         self._check_common(body)
         sampling = self._sampling(body)
         depth = self._depth(body)
         stops = self._stops(body)
         tokens = self._prompt_tokens(body)
         if not tokens:
-            raise ApiError(400, "prompt: expected at least one token, found an empty prompt", param="prompt")
+            raise ApiError(400, "prompt: expected at least one token, found an empty prompt", param="prompt",
+                           code="invalid_value")
         room = self.n_ctx - len(tokens) - CONTEXT_MARGIN
         chat = isinstance(body, ChatCompletionRequest)
         max_tokens = (body.max_completion_tokens if chat and body.max_completion_tokens is not None
@@ -249,15 +284,22 @@ class Server:
         if isinstance(value, BackendLost):
             return ApiError(503, f"backend lost: {value}", type="server_error", code="backend_lost")
         if isinstance(value, ValueError):
-            return ApiError(400, str(value))
-        return ApiError(500, f"generation failed: {value}", type="server_error")
+            return ApiError(400, str(value), code="invalid_value")
+        return ApiError(500, f"generation failed: {value}", type="server_error", code="internal_error")
 
     async def run(self, request: Request, body, endpoint: str):
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
         try:
-            tokens, options, depth = await asyncio.to_thread(self.prepare, body)
+            tokens, options, depth = await self.preparing.run(self.prepare, body)
         except ApiError:
             self.pool.metrics.inc("laguna_requests_total", endpoint=endpoint, outcome="bad_request")
             raise
+        except PreparePool.Full:
+            self.pool.metrics.inc("laguna_requests_total", endpoint=endpoint, outcome="queue_full")
+            raise ApiError(503, f"all {self.preparing.workers} request preparers are busy and the queue is full: try "
+                                "again later", type="server_error", code="queue_full",
+                           headers={"Retry-After": "1"}) from None
         job = Job(tokens, options, stream=body.stream, endpoint=endpoint)
         try:
             self.pool.submit(job)
@@ -346,6 +388,14 @@ class Server:
                                     "usage": self.usage(value.stats)})
                 else:
                     err = self._outcome_error(kind, value)
+                    if self.draining and (kind == "done" or isinstance(value, PoolClosed)):
+                        # cut by the shutdown: a finish reason (the text is incomplete), then why
+                        last = self._chunk(endpoint, rid, created, None, finish="length")
+                        if kind == "done":
+                            last["usage"] = self.usage(value.stats)
+                        yield _sse(last)
+                        err = ApiError(503, "the server is shutting down: this response was cut short",
+                                       type="server_error", code="shutting_down")
                     yield _sse(error_body(err.message, err.type, err.param, err.code))
                 break
             yield {"data": "[DONE]"}
@@ -390,6 +440,7 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
+        server.preparing.close()
         if settings.close_pool_on_shutdown:
             await asyncio.to_thread(pool.close)
 
@@ -409,12 +460,14 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind,
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind, code=code,
                         headers=getattr(exc, "headers", None)).response()
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        return ApiError(500, f"internal error: {exc.__class__.__name__}", type="server_error").response()
+        return ApiError(500, f"internal error: {exc.__class__.__name__}", type="server_error",
+                        code="internal_error").response()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -435,14 +488,23 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        status = {**pool.status(), **server.preparing.status()}
         if pool.backend_lost is not None:
-            return JSONResponse({"status": "error", "error": pool.backend_lost, **pool.status()}, status_code=503)
-        return {"status": "ok", **pool.status()}
+            return JSONResponse({"status": "error", "error": pool.backend_lost, **status}, status_code=503)
+        if server.draining:
+            return JSONResponse({"status": "shutting_down", **status}, status_code=503)
+        if status["prepare_stuck"] >= status["prepare_workers"]:
+            return JSONResponse({"status": "error", "error": "every request preparer is stuck", **status},
+                                status_code=503)
+        return {"status": "degraded" if status["prepare_stuck"] else "ok", **status}
 
     @app.get("/metrics")
     async def metrics():
         return PlainTextResponse(pool.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    # the last added runs first: the key is checked before a body is read
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes,
+                       error_response=lambda status, message, code: ApiError(status, message, code=code).response())
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, key=settings.api_key)
     return app

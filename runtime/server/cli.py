@@ -17,6 +17,7 @@ from ...convert.errors import UserError
 from ...convert.poolside import native_drafter_path
 
 from .. import assets
+from .guards import exposure_problem
 from ..cli import (BatchOpt, CacheOpt, CtxOpt, DeviceOpt, DraftDeviceOpt, DraftOpt, DraftRpcOpt, ForceOpt, ModelOpt,
                    NgldOpt, NglOpt, RpcOpt, RpcTimeoutOpt, TensorSplitOpt, ThreadsOpt, UbatchOpt, VerboseOpt,
                    check_cache_type, check_depths, check_range, check_sizes, engine_config, parse_depth)
@@ -93,6 +94,9 @@ def serve(
     tensor_split: TensorSplitOpt = None,
     draft_rpc: DraftRpcOpt = False,
     rpc_timeout: RpcTimeoutOpt = 60.0,
+    max_body_bytes: Annotated[Optional[int], typer.Option("--max-body-bytes", show_default=False, help="Largest request body in bytes; a larger one is answered 413 before it is parsed. Default: 1 MiB + 64 bytes per context token.")] = None,
+    shutdown_timeout: Annotated[float, typer.Option("--shutdown-timeout", help="On SIGTERM/SIGINT, seconds running requests may take to finish; then they are cut (a stream ends with a finish reason and an error event). A second signal exits at once.")] = 30.0,
+    expose: Annotated[bool, typer.Option("--expose", help="Allow a non-loopback --host without an API key (anyone who can reach the port can use the model).")] = False,
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /health and
     /metrics, drafting every request with the DFlash drafter."""
@@ -106,6 +110,13 @@ def serve(
         raise UserError("--api-key: expected a non-empty key, found ''")
     if alias is not None and not alias.strip():
         raise UserError("--alias: expected a non-empty model id, found ''")
+    if max_body_bytes is not None:
+        check_range("--max-body-bytes", max_body_bytes, 1024)
+    if not 0 <= shutdown_timeout <= 24 * 3600:
+        raise UserError(f"--shutdown-timeout: expected seconds in 0..86400, found {shutdown_timeout}")
+    refusal, warning = exposure_problem(host, api_key, expose)
+    if refusal:
+        raise UserError(refusal)
     depth = parse_depth(n_max) if n_max is not None else None
     template = read_template(chat_template_file)
     if model is None:
@@ -121,6 +132,7 @@ def serve(
 
     from ..llama import LlamaError
     from .app import ServerSettings, create_app
+    from .guards import GracefulServer
     from .pool import load_pool
 
     cfg, placement = engine_config(ctx_size, batch_size, ubatch_size, threads, n_gpu_layers, n_gpu_layers_draft,
@@ -135,7 +147,8 @@ def serve(
             raise UserError(str(e)) from None
         settings = ServerSettings(model_id=alias or Path(model).name, n_max=depth, api_key=api_key,
                                   chat_template=template,
-                                  chat_template_source=str(chat_template_file) if chat_template_file else None)
+                                  chat_template_source=str(chat_template_file) if chat_template_file else None,
+                                  max_body_bytes=max_body_bytes, prepare_workers=max(2, parallel))
         try:
             app = create_app(pool, settings)
         except BaseException:
@@ -148,8 +161,25 @@ def serve(
               f"n_max {depth}, prompt cache {'off' if no_prompt_cache else 'on'}", file=sys.stderr)
         print(f"laguna-run serve: model id {settings.model_id!r}, listening on http://{shown}:{bound[1]}"
               f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
-        config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
-                                lifespan="on", timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run(sockets=[sock])
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+        config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose, lifespan="on")
+        server = app.state.server
+
+        def drain() -> None:
+            server.draining = True
+            print(f"laguna-run serve: stopping: no new requests; running ones may finish for {shutdown_timeout:g} s "
+                  "(a second signal exits at once)", file=sys.stderr, flush=True)
+
+        def cut() -> int:
+            n = pool.cut_all()
+            if n:
+                print(f"laguna-run serve: --shutdown-timeout passed: {n} request(s) cut", file=sys.stderr, flush=True)
+            return n
+
+        runner = GracefulServer(config, shutdown_timeout=shutdown_timeout, on_drain=drain, on_cut=cut)
+        runner.run(sockets=[sock])
     finally:
         sock.close()
+    if runner.signal is not None:  # stopped by a signal: its conventional exit code (130, 143)
+        raise typer.Exit(128 + runner.signal)
