@@ -296,7 +296,8 @@ def test_the_documented_error_table(models, monkeypatch):
             check(h.get("/v1/completions"), "method_not_allowed")
             with h.stream("POST", "/v1/completions", json={"prompt": LOOPING, "max_tokens": 1500,
                                                           "stream": True}) as busy:
-                next(busy.iter_lines())  # the one slot is taken and the queue holds 0
+                lines = busy.iter_lines()  # kept: a dropped iterator closes the connection
+                assert next(lines).startswith("data: {")  # the one slot is taken and the queue holds 0
                 check(post(s, "/v1/completions", {"prompt": "x", "max_tokens": 2}, **auth), "queue_full")
         server = s.app.state.server
         monkeypatch.setattr(server, "prepare", lambda body: 1 / 0)
@@ -451,7 +452,8 @@ def test_a_second_signal_exits_at_once(tmp_path):
         with httpx.Client(base_url=srv.url, timeout=60) as h:
             with h.stream("POST", "/v1/completions", json={"prompt": LOOPING, "max_tokens": 1900,
                                                           "stream": True}) as r:
-                next(r.iter_lines())
+                lines = r.iter_lines()
+                next(lines)
                 srv.proc.send_signal(signal.SIGTERM)
                 srv.wait_for("stopping: no new requests")
                 t0 = time.monotonic()
@@ -466,12 +468,27 @@ def test_a_signal_stops_a_server_whose_templates_hang(tmp_path):
     srv = ServeProcess(tmp_path, "--shutdown-timeout", "5", template=SLOW_TEMPLATE)
     try:
         chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-        threads = [threading.Thread(target=lambda: httpx.post(srv.url + "/v1/chat/completions", json=chat,
-                                                              timeout=60), daemon=True) for _ in range(8)]
+        answers: list = []
+
+        def ask():
+            try:
+                r = httpx.post(srv.url + "/v1/chat/completions", json=chat, timeout=60)
+                answers.append(r.json()["error"]["code"])
+            except httpx.HTTPError as e:  # sent after the server stopped listening
+                answers.append(type(e).__name__)
+
+        threads = [threading.Thread(target=ask, daemon=True) for _ in range(8)]
         for t in threads:
             t.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while httpx.get(srv.url + "/health", timeout=10).json()["prepare_busy"] < 2:  # both preparers rendering
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(30) == 143
+        for t in threads:
+            t.join(10)
+        assert len(answers) == 8 and set(answers) <= {"template_error", "queue_full", "shutting_down", "ConnectError"}
+        assert "template_error" in answers, answers
     finally:
         srv.stop()
