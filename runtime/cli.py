@@ -25,6 +25,8 @@ from ..convert.poolside import native_drafter_path
 
 from . import assets
 from .chat_template import TEMPLATE_KEY, render_chat
+from .outputs import GuardedStream, LiveTrace, OutputFailed, check_outputs, save_plot, write_text
+from .prompt_bound import check_prompt_length
 from .sampling import SamplingError, SamplingParams
 
 err = Console(stderr=True)
@@ -102,23 +104,6 @@ def check_sizes(ctx: int, batch: int, ubatch: int, threads: int) -> None:
     check_range("-b/--batch-size", batch, 1)
     check_range("-ub/--ubatch-size", ubatch, 0, note=" (0: fit the sliding window)")
     check_range("-t/--threads", threads, 0, MAX_THREADS, " (0: all cores)")
-
-
-def check_output_path(path: Path, flag: str) -> None:
-    """Refuse, before any work, an output that could not be written at the end."""
-    if path.is_dir():
-        raise UserError(f"{path}: {flag}: expected a file path, found a directory")
-    parent = path.parent
-    if not parent.is_dir():
-        raise UserError(f"{path}: {flag}: expected an existing directory to write into, found no directory {parent}")
-    existed = path.exists()
-    try:  # try it: permission bits do not tell root, read-only mounts or full quotas
-        with open(path, "a"):
-            pass
-    except OSError as e:
-        raise UserError(f"{path}: {flag}: cannot write here ({e.strerror or e})") from None
-    if not existed:
-        path.unlink(missing_ok=True)
 
 
 def check_stops(stops: list[str] | None) -> tuple[str, ...]:
@@ -329,13 +314,13 @@ def run(
     stops = check_stops(stop)
     if (prompt is None) == (file is None):
         raise UserError("give the prompt with exactly one of -p TEXT or -f FILE")
-    if trace is not None:
-        check_output_path(trace, "--trace")
-    if file is not None:
-        prompt = assets.read_prompt_text(file)
+    given_draft = model_draft
     if model is None:
         model, model_draft = assets.default_pair(model_draft)
     model_draft = model_draft and native_drafter_path(model_draft, model)  # Poolside's layout: its rewrite
+    outs = check_outputs({"--trace": trace}, inputs=[model, given_draft, model_draft, file])
+    if file is not None:
+        prompt = assets.read_prompt_text(file)
     if depth is None:
         depth = 4 if model_draft is not None else 0
     check_depths([depth], model_draft, batch_size)
@@ -347,39 +332,50 @@ def run(
                                 rpc_timeout=rpc_timeout)
     from .rpc import RpcError as RpcLost
 
+    out = GuardedStream(sys.stdout)
     with engine:
         if chat:
             prompt = _apply_chat(engine, prompt)
-        # line-buffered: a trace can be followed live, and holds whole rounds whenever it stops
-        trace_f = open(trace, "w", encoding="utf-8", buffering=1) if trace else None
+        check_prompt_length(prompt, engine, ctx_size, "-f" if file is not None else "-p")
         ctrl_c = CtrlC()
-        try:
+        # the trace is line-buffered (it can be followed live) and renamed into place at the end
+        with LiveTrace(outs.get("--trace")) as live:
             opts = GenerateOptions(
-                n_predict=n_predict, n_max=depth, stop=stops, sampling=sampling, should_stop=ctrl_c,
-                trace=(lambda r: trace_f.write(json.dumps(r) + "\n")) if trace_f else None)
+                n_predict=n_predict, n_max=depth, stop=stops, sampling=sampling,
+                should_stop=lambda: ctrl_c() or live.should_stop() or out.failed, trace=live.callback)
             try:
                 if json_out:
                     with ctrl_c:
                         res = engine.generate(prompt, opts)
-                    print(json.dumps({"text": res.text, "tokens": res.tokens, "stop_reason": res.stop_reason,
-                                      "placement": placement.describe(), "stats": res.stats.as_dict()}, indent=2))
+                    text = json.dumps({"text": res.text, "tokens": res.tokens, "stop_reason": res.stop_reason,
+                                       "placement": placement.describe(), "stats": res.stats.as_dict()}, indent=2)
+                    try:
+                        out.write(text + "\n")
+                        out.flush()
+                    except OutputFailed as e:  # the result goes to stderr instead
+                        print(text, file=sys.stderr)
+                        raise OutputFailed(f"{e}; the JSON was written to stderr instead") from None
                 else:
-                    sys.stdout.write(prompt if not chat else "")
-                    with ctrl_c:
-                        for piece in engine.stream(prompt, opts):
-                            sys.stdout.write(piece)
-                            sys.stdout.flush()
-                    sys.stdout.write("\n")
-                    sys.stdout.flush()
+                    try:
+                        out.write(prompt if not chat else "")
+                        with ctrl_c:
+                            for piece in engine.stream(prompt, opts):
+                                out.write(piece)
+                                out.flush()
+                        out.write("\n")
+                        out.flush()
+                    except OutputFailed:
+                        pass  # reported below, after the stats
                     err.print(placement.describe(), highlight=False)
                     err.print(stats_table(engine.last_stats))
+                    if out.error is not None:
+                        raise OutputFailed(f"{out.error}; generation stopped there, the stats above cover it")
             except ValueError as e:
                 raise UserError(str(e)) from None
             except RpcLost as e:
                 raise RpcFailed(str(e)) from None
-        finally:
-            if trace_f:
-                trace_f.close()
+        if live.error is not None:
+            raise OutputFailed(f"{live.error}; generation stopped at that round")
     if ctrl_c.requested:
         print("interrupted (Ctrl-C): the stats above cover the tokens generated so far", file=sys.stderr)
         raise Interrupted()
@@ -425,14 +421,6 @@ def bench(
         depths = list(SWEEP_DEPTHS)
     else:
         depths = [parse_depth(d.strip()) for d in n_max.split(",") if d.strip()]
-    if json_out is not None:
-        check_output_path(json_out, "--json")
-    if png is not None:
-        check_output_path(png, "--png")
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:
-            raise UserError("--png: needs matplotlib, which is not installed (pip install matplotlib)")
     if prompts:
         files = prompts
     elif sweep:
@@ -440,11 +428,13 @@ def bench(
     else:
         files = [assets.CODE_PROMPTS]
     prompt_sets = {f.stem: assets.read_prompts(f) for f in files}
+    given_draft = model_draft
     if model is None:
         model, model_draft = assets.default_pair(model_draft)
     model_draft = model_draft and native_drafter_path(model_draft, model)  # Poolside's layout: its rewrite
     if model_draft is None:
         raise UserError("bench compares speculative decoding with plain decoding: give a drafter with -md")
+    outs = check_outputs({"--json": json_out, "--png": png}, inputs=[model, given_draft, model_draft, *files])
     check_depths(depths, model_draft, batch_size)
     engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
                                 n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose,
@@ -454,6 +444,9 @@ def bench(
 
     ctrl_c = CtrlC()
     with engine:
+        for name, texts in prompt_sets.items():
+            for text in texts:
+                check_prompt_length(text, engine, ctx_size, f"--prompts {name}")
         try:
             with ctrl_c:
                 result = run_bench(engine, prompt_sets, depths, n_predict, repeats, console=err, should_stop=ctrl_c)
@@ -463,13 +456,26 @@ def bench(
             raise RpcFailed(str(e)) from None
     result["placement"] = placement.describe()
     result["command"] = " ".join(["laguna-run"] + sys.argv[1:])
-    Console().print(bench_table(result))
+    failed: list[OutputFailed] = []  # each output is tried; the first failure is the exit's reason
     if json_out:
-        json_out.write_text(json.dumps(result, indent=2))
-        err.print(f"wrote {json_out}")
+        try:
+            write_text(outs["--json"], json.dumps(result, indent=2), fallback=sys.stderr)
+            err.print(f"wrote {json_out}")
+        except OutputFailed as e:
+            failed.append(e)
     if png and result["rows"]:
-        plot(result, png)
-        err.print(f"wrote {png}")
+        try:
+            save_plot(outs["--png"], lambda f, fmt: plot(result, f, format=fmt))
+            err.print(f"wrote {png}")
+        except OutputFailed as e:
+            failed.append(e)
+    try:
+        Console(file=GuardedStream(sys.stdout)).print(bench_table(result))
+    except OutputFailed as e:
+        Console(stderr=True).print(bench_table(result))
+        failed.append(OutputFailed(f"{e}; the table was written to stderr instead"))
+    if failed:
+        raise failed[0]
     if ctrl_c.requested:
         done = result.get("prompts_measured", {})
         print(f"interrupted (Ctrl-C): the results cover the prompts every depth completed "

@@ -127,6 +127,8 @@ def _check_one(flag: str, path: Path, inputs: dict[tuple[int, int], Path]) -> Ou
     except OSError as e:
         raise UserError(f"{path}: {flag}: cannot look at it ({e.strerror or e})") from None
     if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise UserError(f"{path}: {flag}: expected a file path, found a directory")
         if not stat.S_ISREG(st.st_mode):
             raise UserError(f"{path}: {flag}: expected a regular file to write, found {file_kind(st.st_mode)}")
         shown = inputs.get((st.st_dev, st.st_ino))
@@ -413,3 +415,59 @@ def _detach(stream) -> None:
         os.close(null)
     except OSError:
         pass
+
+
+class LiveTrace:
+    """``--trace``: one JSON line per round, written live to an :class:`AtomicFile`. A failed
+    write does not raise inside the engine: it is kept in ``error`` and :meth:`should_stop`
+    ends the generation at its next round, so the caller still reports what was done."""
+
+    def __init__(self, output: Output | None) -> None:
+        self.output = output
+        self.file: AtomicFile | None = None
+        self.error: OutputFailed | None = None
+
+    def __enter__(self) -> "LiveTrace":
+        if self.output is not None:
+            self.file = AtomicFile(self.output, live=True).open()
+            print(f"{self.output.label}: rounds go to {self.file.partial} as they run, renamed to "
+                  f"{self.output.path} at the end", file=sys.stderr)
+        return self
+
+    def write(self, record: dict) -> None:
+        if self.file is None or self.error is not None:
+            return
+        import json
+
+        try:
+            self.file.write(json.dumps(record) + "\n")
+        except OutputFailed as e:
+            self.error = e
+
+    @property
+    def callback(self):
+        return self.write if self.file is not None else None
+
+    def should_stop(self) -> bool:
+        return self.error is not None
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.file is None or self.error is not None:
+            return
+        if exc_type is None:
+            self.file.commit()
+        else:
+            kept = self.file.keep_partial()
+            if kept is not None:
+                print(f"{self.output.label}: the run failed; the trace of the rounds before is in {kept}",
+                      file=sys.stderr)
+
+
+def save_plot(output: Output, draw) -> Path:
+    """``--png``: ``draw(file, format)`` writes the figure into the partial file, renamed when done."""
+    with AtomicFile(output, binary=True) as f:
+        try:
+            draw(f.file, output.format)
+        except OSError as e:
+            raise f._failed(e) from None
+    return output.dest

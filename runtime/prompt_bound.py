@@ -42,3 +42,13 @@ def min_tokens(n_chars: int, longest: int | None) -> int:
 def too_long(n_chars: int, longest: int | None, n_ctx: int) -> bool:
     """Whether a text of ``n_chars`` characters certainly does not fit ``n_ctx`` tokens."""
     return min_tokens(n_chars, longest) > n_ctx
+
+
+def check_prompt_length(text: str, engine, n_ctx: int, flag: str) -> None:
+    """A CLI prompt that certainly does not fit the context: one line, before tokenizing it."""
+    from ..convert.errors import UserError
+
+    least = min_tokens(len(text), longest_token_bytes(engine.target.path))
+    if least > n_ctx:
+        raise UserError(f"{flag}: the prompt has {len(text)} characters, at least {least} tokens; the context "
+                        f"(-c/--ctx-size) holds {n_ctx}")

@@ -70,7 +70,7 @@ def test_a_fifo_device_or_directory_is_refused_without_blocking(tmp_path):
         check_outputs({"--trace": "/dev/full"}, stdout=False)
     with pytest.raises(UserError, match="found a character device"):
         check_outputs({"--json": "/dev/null"}, stdout=False)
-    with pytest.raises(UserError, match="--json: expected a regular file to write, found a directory"):
+    with pytest.raises(UserError, match="--json: expected a file path, found a directory"):
         check_outputs({"--json": tmp_path}, stdout=False)
 
 
