@@ -356,16 +356,18 @@ def run(
                         print(text, file=sys.stderr)
                         raise OutputFailed(f"{e}; the JSON was written to stderr instead") from None
                 else:
-                    try:
-                        out.write(prompt if not chat else "")
-                        with ctrl_c:
-                            for piece in engine.stream(prompt, opts):
-                                out.write(piece)
-                                out.flush()
-                        out.write("\n")
-                        out.flush()
-                    except OutputFailed:
-                        pass  # reported below, after the stats
+                    def show(text: str) -> None:
+                        try:
+                            out.write(text)
+                            out.flush()
+                        except OutputFailed:  # should_stop ends the generation at its next round;
+                            pass  # the error is reported below, after the stats
+
+                    show(prompt if not chat else "")
+                    with ctrl_c:
+                        for piece in engine.stream(prompt, opts):
+                            show(piece)
+                    show("\n")
                     err.print(placement.describe(), highlight=False)
                     err.print(stats_table(engine.last_stats))
                     if out.error is not None:
