@@ -31,10 +31,15 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 #: the longest a render may take (seconds): real templates render a conversation in milliseconds
 RENDER_SECONDS = 2.0
-#: the most characters a render may build, in any one value or in its output: a prompt this long
-#: is far beyond any context (a million tokens of text is about 4-5 million characters), and the
-#: caller refuses a prompt longer than its context before tokenizing it
+#: the most characters a render may build, in any one value or in its output, when the caller
+#: does not size it for its context (:func:`chars_for_context`): a million tokens of text is
+#: about 4-5 million characters
 RENDER_MAX_CHARS = 1 << 24
+#: characters per context token a render may build: a token is a few characters of text on
+#: average; this leaves room for long ones and for text the template drops
+RENDER_CHARS_PER_TOKEN = 64
+#: the largest width, count or repeat a filter or string method may be given
+MAX_WIDTH = 1 << 20
 
 _GUARD_FILTER = "__laguna_bounded_iteration"
 _BINOPS = frozenset({"+", "*", "%", "**"})
@@ -69,13 +74,24 @@ _budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("laguna
 
 @contextlib.contextmanager
 def bounded(seconds: float | None = None, max_chars: int | None = None) -> Iterator[_Budget]:
-    """The bounds of one render (in this thread, or this asyncio task); None: the module's."""
-    token = _budget.set(_Budget(RENDER_SECONDS if seconds is None else seconds,
-                                RENDER_MAX_CHARS if max_chars is None else max_chars))
+    """The bounds of the renders inside the block (in this thread, or this asyncio task); None:
+    the enclosing block's, else the module's. A caller that knows its context size sets
+    ``max_chars=chars_for_context(n_ctx)`` around a render."""
+    outer = _budget.get()
+    if seconds is None:
+        seconds = outer.seconds if outer is not None else RENDER_SECONDS
+    if max_chars is None:
+        max_chars = outer.max_chars if outer is not None else RENDER_MAX_CHARS
+    token = _budget.set(_Budget(seconds, max_chars))
     try:
         yield _budget.get()
     finally:
         _budget.reset(token)
+
+
+def chars_for_context(n_ctx: int) -> int:
+    """The size bound of a render for a context of ``n_ctx`` tokens (at least 1 Mi characters)."""
+    return min(RENDER_MAX_CHARS, max(1 << 20, RENDER_CHARS_PER_TOKEN * n_ctx))
 
 
 def tick() -> None:
@@ -109,8 +125,8 @@ def check_size(value: Any) -> Any:
 
 
 def _check_width(n: Any) -> None:
-    if isinstance(n, int) and not isinstance(n, bool) and n > _max_chars():
-        raise too_large("a padded value", n)
+    if isinstance(n, int) and not isinstance(n, bool) and n > MAX_WIDTH:
+        raise TemplateTooLarge(f"the template asked for a width or count of {n}, more than {MAX_WIDTH}")
 
 
 def _check_format_string(fmt: Any) -> None:
@@ -176,6 +192,11 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     inside :func:`bounded` (outside it, only the default size bound applies)."""
 
     intercepted_binops = _BINOPS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # lipsum(n) writes n paragraphs in one call, beyond any bound checked between calls
+        self.globals.pop("lipsum", None)
 
     def _parse(self, source, name, filename):
         tree = super()._parse(source, name, filename)

@@ -119,3 +119,20 @@ def test_the_output_bound_can_be_set_per_render():
     assert template_limits.render_bounded(t._template, variables, max_chars=12) == "x" * 12
     with pytest.raises(template_limits.TemplateTooLarge, match="of 12 characters or items, more than 10"):
         template_limits.render_bounded(t._template, variables, max_chars=10)
+
+
+def test_a_caller_sizes_the_bound_for_its_context():
+    assert template_limits.chars_for_context(2048) == 1 << 20  # the floor
+    assert template_limits.chars_for_context(131072) == 64 * 131072
+    assert template_limits.chars_for_context(10**9) == template_limits.RENDER_MAX_CHARS
+    t = ChatTemplate("{{ 'y' * 2000 }}", source="t")
+    assert len(t.render(USER)) == 2000
+    with template_limits.bounded(max_chars=1000):  # what the server and the CLI wrap a render in
+        with pytest.raises(UserError, match="a repeated value of 2000 characters or items, more than 1000"):
+            t.render(USER)
+    assert len(t.render(USER)) == 2000  # outside the block, the module's bound again
+
+
+def test_lipsum_is_not_offered():
+    e = render_within("{{ lipsum(n=1000000) }}")
+    assert isinstance(e, UserError) and "lipsum" in str(e)

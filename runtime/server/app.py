@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...convert.errors import UserError
 
+from .. import template_limits
 from ..chat_template import TEMPLATE_KEY, ChatTemplate
 from ..engine import GenerateOptions
 from ..sampling import SamplingError, SamplingParams
@@ -183,8 +184,9 @@ class Server:
                                param="messages", code="no_chat_template")
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
             try:
-                text = self.template.render(messages, add_generation_prompt=True, bos_token=self.bos,
-                                            eos_token=self.eos)
+                with template_limits.bounded(max_chars=template_limits.chars_for_context(self.n_ctx)):
+                    text = self.template.render(messages, add_generation_prompt=True, bos_token=self.bos,
+                                                eos_token=self.eos)
             except UserError as e:
                 raise ApiError(400, str(e), param="messages", code="template_error") from None
             self._check_length(len(text), "messages")

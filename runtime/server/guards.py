@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import uvicorn
+
 #: a body may hold a whole context of text, JSON-escaped, plus this much for everything else
 BODY_BASE_BYTES = 1 << 20
 #: bytes of request body per context token: a token is a few characters of text on average; an
@@ -213,13 +215,7 @@ def exposure_problem(host: str, api_key: str | None, expose: bool) -> tuple[str 
                   "reach this port can use the model")
 
 
-def _uvicorn_server_class():
-    import uvicorn
-
-    return uvicorn.Server
-
-
-class GracefulServer(_uvicorn_server_class()):
+class GracefulServer(uvicorn.Server):
     """uvicorn's Server with this project's shutdown (module docstring). ``on_drain()`` is called
     when the first signal arrives, ``on_cut()`` when ``shutdown_timeout`` has passed."""
 
