@@ -376,6 +376,9 @@ class GuardedStream:
     def failed(self) -> bool:
         return self.error is not None
 
+    def __getattr__(self, name: str):  # isatty, fileno, encoding...: what rich asks a terminal
+        return getattr(self.stream, name)
+
     def write(self, text: str) -> None:
         if self.error is not None:
             raise self.error
