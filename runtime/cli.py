@@ -23,7 +23,7 @@ from rich.table import Table
 from ..convert.errors import USER_ERROR_EXIT, UserError
 from ..convert.poolside import native_drafter_path
 
-from . import assets
+from . import assets, template_limits
 from .chat_template import TEMPLATE_KEY, render_chat
 from .outputs import GuardedStream, LiveTrace, OutputFailed, check_outputs, save_plot, write_text
 from .prompt_bound import check_prompt_length
@@ -212,8 +212,10 @@ def _apply_chat(engine, prompt: str) -> str:
         raise UserError(f"{path}: {TEMPLATE_KEY}: expected UTF-8 text, found invalid bytes ({e.reason})") from None
     if not template:
         raise UserError(f"{path}: {TEMPLATE_KEY}: expected a chat template, found none")
-    return render_chat(template, [{"role": "user", "content": prompt}], source=path, add_generation_prompt=True,
-                       bos_token=engine.target.special_text("bos"), eos_token=engine.target.special_text("eos"))
+    with template_limits.bounded(max_chars=template_limits.chars_for_context(engine.ctx.n_ctx)):
+        return render_chat(template, [{"role": "user", "content": prompt}], source=path,
+                           add_generation_prompt=True, bos_token=engine.target.special_text("bos"),
+                           eos_token=engine.target.special_text("eos"))
 
 
 class CtrlC:
@@ -314,11 +316,11 @@ def run(
     stops = check_stops(stop)
     if (prompt is None) == (file is None):
         raise UserError("give the prompt with exactly one of -p TEXT or -f FILE")
-    given_draft = model_draft
+    given_draft, bundled = model_draft, assets.TINY_DIR if model is None else None
     if model is None:
         model, model_draft = assets.default_pair(model_draft)
     model_draft = model_draft and native_drafter_path(model_draft, model)  # Poolside's layout: its rewrite
-    outs = check_outputs({"--trace": trace}, inputs=[model, given_draft, model_draft, file])
+    outs = check_outputs({"--trace": trace}, inputs=[model, given_draft, model_draft, file, bundled])
     if file is not None:
         prompt = assets.read_prompt_text(file)
     if depth is None:
@@ -430,13 +432,14 @@ def bench(
     else:
         files = [assets.CODE_PROMPTS]
     prompt_sets = {f.stem: assets.read_prompts(f) for f in files}
-    given_draft = model_draft
+    given_draft, bundled = model_draft, assets.TINY_DIR if model is None else None
     if model is None:
         model, model_draft = assets.default_pair(model_draft)
     model_draft = model_draft and native_drafter_path(model_draft, model)  # Poolside's layout: its rewrite
     if model_draft is None:
         raise UserError("bench compares speculative decoding with plain decoding: give a drafter with -md")
-    outs = check_outputs({"--json": json_out, "--png": png}, inputs=[model, given_draft, model_draft, *files])
+    outs = check_outputs({"--json": json_out, "--png": png},
+                         inputs=[model, given_draft, model_draft, *files, bundled])
     check_depths(depths, model_draft, batch_size)
     engine, placement = _engine(model, model_draft, ctx_size, batch_size, ubatch_size, threads,
                                 n_gpu_layers, n_gpu_layers_draft, device, draft_device, force_placement, verbose,

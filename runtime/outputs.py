@@ -77,14 +77,28 @@ def _identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+#: the most files of an input directory (a checkpoint, the bundled pair) compared with the outputs
+MAX_DIR_FILES = 10_000
+
+
 def _inputs_by_identity(inputs: Iterable[Path | str | None]) -> dict[tuple[int, int], Path]:
+    """Each input's (st_dev, st_ino); a directory stands for the files under it."""
     found = {}
     for p in inputs:
         if p is None:
             continue
-        ident = _identity(Path(p))
-        if ident is not None:
-            found.setdefault(ident, Path(p))
+        p = Path(p)
+        files = [p]
+        if p.is_dir():
+            files = []
+            for root, _, names in os.walk(p):
+                files += [Path(root) / n for n in names]
+                if len(files) > MAX_DIR_FILES:
+                    break
+        for f in files:
+            ident = _identity(f)
+            if ident is not None:
+                found.setdefault(ident, f)
     return found
 
 

@@ -238,3 +238,13 @@ def test_stdout_checks(files):
     f.close()
     with pytest.raises(UserError, match="stdout: expected an open output, found it closed"):
         check_stdout([model], stream=f)
+
+
+def test_a_file_inside_an_input_directory_is_an_input(tmp_path):
+    checkpoint = tmp_path / "drafter-hf"
+    (checkpoint / "sub").mkdir(parents=True)
+    weights = checkpoint / "sub" / "model.safetensors"
+    weights.write_bytes(b"weights")
+    with pytest.raises(UserError, match="is an input of this run"):
+        check_outputs({"--trace": weights}, inputs=[checkpoint], stdout=False)
+    check_outputs({"--trace": tmp_path / "elsewhere.jsonl"}, inputs=[checkpoint], stdout=False)
