@@ -154,7 +154,7 @@ def _check_one(flag: str, path: Path, inputs: dict[tuple[int, int], Path]) -> Ou
     parent = dest.parent
     if not parent.is_dir():
         raise UserError(f"{path}: {flag}: expected an existing directory to write into, found no directory {parent}")
-    probe = _partial_path(dest, "probe")
+    probe = _partial_path(dest, f"probe-{os.getpid()}")
     try:  # create one: permission bits do not tell root, read-only mounts or full quotas
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as e:
