@@ -1,5 +1,5 @@
 # laguna-dflash — see README.md
-.PHONY: setup setup-test test demo wheel-cuda clean-cache
+.PHONY: setup setup-test test demo wheel-cuda check-cuda-build clean-cache
 
 setup:
 	scripts/setup.sh
@@ -17,6 +17,11 @@ demo: setup
 
 wheel-cuda:
 	.venv/bin/python scripts/build_wheel.py --cuda --no-install
+
+## Compile-only check of the CUDA build (no GPU needed; cached): run it after changing patches/,
+## the build flags or scripts/build_wheel.py.
+check-cuda-build: setup
+	.venv/bin/python scripts/gpu/check_cuda_build.py
 
 clean-cache:
 	rm -rf $${LAGUNA_DFLASH_CACHE:-$$HOME/.cache/laguna-dflash}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import gguf_keys as K
+from .gguf import keys as K
 from .errors import ContractError, UserError
 
 if TYPE_CHECKING:  # pragma: no cover

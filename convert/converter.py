@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFReader, GGUFValueType
 
-from . import gguf_keys as K
+from .gguf import keys as K
 from .checkpoint import DrafterConfig, check_pair, load_config
 from .errors import UserError
 from .mapping import INDEX_FILE, SINGLE_FILE, Kind, PlannedTensor, RowStack, gguf_plan, load_checkpoint

@@ -4,8 +4,8 @@
     problems = layout_problems(info)            # [] when the values are in range and the SPEC §5a layout is complete
     problems = pairing_problems(info, target)   # [] when the pair works
 
-The header is read with :mod:`convert.gguf_header` (a truncated or corrupt file is one error
-line) and its values are checked with the rules the runtime loads with (:mod:`convert.gguf_rules`).
+The header is read with :mod:`convert.gguf.header` (a truncated or corrupt file is one error
+line) and its values are checked with the rules the runtime loads with (:mod:`convert.gguf.rules`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType, GGUFValueType
 
-from . import gguf_keys as K
-from . import pairing as pair_rules
+from .gguf import keys as K
+from .gguf import pairing as pair_rules
 from .checkpoint import DrafterConfig
 from .converter import ARCH
 from .errors import ContractError
-from .gguf_header import Header, Value, read_header
-from .gguf_rules import header_problems
+from .gguf.header import Header, Value, read_header
+from .gguf.rules import header_problems
 from .mapping import Kind, gguf_layout
 from .target import TargetInfo
 
@@ -161,4 +161,4 @@ def layout_problems(info: DrafterInfo) -> list[ContractError]:
 def pairing_problems(info: DrafterInfo, target: TargetInfo) -> list[ContractError]:
     """Why the drafter cannot run with ``target`` ([] when it can): the rules of :mod:`convert.pairing`."""
     assert info.header is not None
-    return pair_rules.pairing_problems(info.path, info.header, target.facts())
+    return pair_rules.pairing_problems(info.path, info.header, target.spec())

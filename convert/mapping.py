@@ -6,7 +6,7 @@ Two steps, both pure functions of the config and the tensor *index* (no weights 
    :func:`convert.checkpoint.sanitize_keys`, shared with the training model) to the stored
    tensors, stacking split ``q_proj/k_proj/v_proj`` rows into one ``qkv_proj``.
 2. :func:`gguf_plan` maps each canonical tensor to its GGUF name(s) (SPEC §5a, names from
-   :mod:`convert.gguf_keys`), splitting ``qkv_proj`` back into ``attn_q``/``attn_k``/``attn_v``
+   :mod:`convert.gguf.keys`), splitting ``qkv_proj`` back into ``attn_q``/``attn_k``/``attn_v``
    by row range.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import gguf_keys as K
+from .gguf import keys as K
 from .checkpoint import DrafterConfig, expected_tensors, sanitize_keys
 from .errors import ContractError, UserError
 from .safetensors_io import TensorRef, read_header

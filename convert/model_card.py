@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from . import gguf_keys as K
+from .gguf import keys as K
 from .errors import UserError
 
 #: `general.architecture` of the drafter files this project writes (SPEC §5a).

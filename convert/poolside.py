@@ -33,7 +33,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
 from gguf.quants import dequantize
 
-from . import gguf_keys as K
+from .gguf import keys as K
 from .checkpoint import ARCHITECTURE, DEFAULT_CONTEXT_LENGTH, MODEL_TYPE, SLIDING, DrafterConfig, check_pair, parse_config
 from .converter import ARCH, Summary, check_output_path, drafter_metadata
 from .errors import ContractError, UserError
@@ -153,7 +153,7 @@ def is_poolside_layout(path: Path | str) -> bool:
     path = Path(path)
     if not path.is_file():
         return False
-    from .gguf_header import read_header
+    from .gguf.header import read_header
 
     # the header alone: laguna-run, inspect and Engine.load all ask, and gguf-py's reader
     # would map and index every tensor of the file to answer
@@ -536,7 +536,7 @@ def layout_version() -> str:
     """A digest of the code that decides what a rewrite holds: a change to any of it means a new rewrite."""
     here = Path(__file__).resolve().parent
     h = hashlib.sha256()
-    for module in ("poolside", "mapping", "converter", "checkpoint", "quantize", "writer", "gguf_keys"):
+    for module in ("poolside", "mapping", "converter", "checkpoint", "quantize", "writer", "gguf/keys"):
         h.update((here / f"{module}.py").read_bytes())
     return "l" + h.hexdigest()[:12]
 

@@ -23,11 +23,10 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
-from . import gguf_keys as K
+from .gguf import keys as K
 from .errors import ContractError, UserError
-from .gguf_header import read_header
-from .gguf_rules import check_header
-from .pairing import TargetFacts
+from .gguf.header import read_header
+from .gguf.rules import check_header
 from .writer import KV
 
 DRAFT_ARCHITECTURES = K.DRAFTER_ARCHS
@@ -56,8 +55,13 @@ class TargetInfo:
         kv = self.tokenizer.get("tokenizer.ggml.tokens")
         return [] if kv is None else [_as_bytes(t) for t in kv.value]
 
-    def facts(self) -> TargetFacts:
-        return TargetFacts(self.name, self.n_layer, self.hidden_size, self.tokens())
+    def spec(self):
+        """The GGUF-side type of a target (convert/gguf/specs.py), for the pair rules; no
+        sliding window is read here (0)."""
+        from .gguf.specs import TargetSpec
+
+        return TargetSpec(path=self.source, arch=self.architecture, name=self.name, n_layer=self.n_layer,
+                          n_embd=self.hidden_size, n_vocab=self.vocab_size, sliding_window=0, tokens=self.tokens())
 
 
 def _as_bytes(v: str | bytes) -> bytes:
@@ -130,7 +134,7 @@ def tokenizer_kvs(reader: GGUFReader) -> dict[str, KV]:
 
 
 def read_target_gguf(path: Path) -> TargetInfo:
-    # every value llama.cpp will read, in range (convert/gguf_rules.py), before anything else reads it
+    # every value llama.cpp will read, in range (convert/gguf/rules.py), before anything else reads it
     check_header(read_header(path), require=False)
     reader = open_gguf(path)
     arch = kv_text(field_kv(reader, "general.architecture"))

@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from . import gguf_keys as K
+from .gguf import keys as K
 from .errors import USER_ERROR_EXIT, UserError
 from .model_card import BenchResults, GGUFInfo, build_model_card, human_size, parse_bench
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from ..convert.errors import UserError
@@ -50,15 +51,23 @@ def default_pair(drafter: Path | None) -> tuple[Path, Path | None]:
     return TINY_TARGET, drafter or converted_tiny_drafter()
 
 
+#: the prompt "file" that is standard input
+STDIN = Path("-")
+
+
 def read_prompt_text(path: Path) -> str:
     """A prompt file's text: UTF-8 (a leading byte-order mark is dropped), whatever the locale.
-    Invalid bytes are refused with their offset rather than guessed at: a replaced byte would
-    change the tokens the model sees without a word."""
+    ``-`` is standard input; so is any pipe or device path (/dev/stdin). Invalid bytes are
+    refused with their offset rather than guessed at: a replaced byte would change the tokens
+    the model sees without a word."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such prompt file")
+    if path != STDIN:
+        if not path.exists():
+            raise UserError(f"{path}: no such prompt file")
+        if path.is_dir():
+            raise UserError(f"{path}: expected a prompt file, found a directory")
     try:
-        data = path.read_bytes()
+        data = sys.stdin.buffer.read() if path == STDIN else path.read_bytes()
     except OSError as e:
         raise UserError(f"{path}: cannot read the prompt file ({e.strerror or e})") from None
     bom = b"\xef\xbb\xbf"

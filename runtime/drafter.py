@@ -15,13 +15,18 @@ import numpy as np
 
 from . import bindings
 from .llama import Context, ContextParams, LlamaError, Model, microbatch_for_window
-from .pair import DrafterSpec, check_pair, fuse_features, read_drafter, read_target
+from ..convert.gguf.specs import DrafterSpec, check_pair, read_drafter, read_target
 
 #: After a stretch of plain steps the drafter reads the rows of only the last CATCHUP_ROWS of
 #: them (of its whole window, if that is smaller). Each row read costs a plain step 1-2% (the
 #: target's capture, the copy), and on the tiny pair drafts after 150 plain steps were accepted
 #: as often with the last 32-128 rows in context as with all 512 (docs/journal/autotune.md).
 CATCHUP_ROWS = 64
+
+
+def fuse_features(rows_by_slot: list[np.ndarray]) -> np.ndarray:
+    """Concatenate captured rows [T, H] of each target layer (in target_layer_ids order) to [T, n*H]."""
+    return np.concatenate(rows_by_slot, axis=1)
 
 
 def capture_horizon(window: int) -> float:

@@ -2,7 +2,7 @@
 
 Every call into libllama that could trip a GGML_ASSERT (which kills the whole Python process)
 is guarded here first: files and every header value llama.cpp reads are checked before loading
-(convert/gguf_rules.py), token ids against the vocabulary, row counts against the batch size,
+(convert/gguf/rules.py), token ids against the vocabulary, row counts against the batch size,
 capture slots against the model. A closed model or context refuses further use, and closing a
 model first closes the contexts built on it (and a context those that borrow from it), so no
 freed pointer is ever passed to libllama. Failures raise :class:`LlamaError` (or ValueError for
@@ -22,20 +22,13 @@ import numpy as np
 
 import llama_cpp.llama_cpp as ll
 
-from ..convert.gguf_rules import checked_header
+from ..convert.gguf.rules import checked_header
 
 from . import bindings
+from .errors import ClosedError, LlamaError
 
 GGUF_MAGIC = b"GGUF"
 _KV_TYPES = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16}
-
-
-class LlamaError(RuntimeError):
-    """A llama.cpp operation failed or was refused before it could abort the process."""
-
-
-class ClosedError(LlamaError):
-    """A model, context or engine was used after close()."""
 
 
 # ---------------------------------------------------------------------------- logging

@@ -23,7 +23,7 @@ _LOSSLESS_TOKENIZERS = ("gpt2", "llama")
 @lru_cache(maxsize=8)
 def longest_token_bytes(model_path: str | Path) -> int | None:
     """The longest vocabulary entry of a GGUF (bytes), or None when no bound holds."""
-    from ..convert.gguf_rules import read_header_cached
+    from ..convert.gguf.rules import read_header_cached
 
     header = read_header_cached(model_path)
     if header.get("tokenizer.ggml.model") not in _LOSSLESS_TOKENIZERS:

@@ -27,7 +27,7 @@ from functools import cache
 
 from ..convert.errors import UserError
 
-from .llama import LlamaError
+from .errors import LlamaError
 
 #: llama.cpp's rpc-server port
 DEFAULT_PORT = 50052

@@ -104,19 +104,58 @@ def driver_flags() -> list[str]:
         src = stub.with_suffix(".c")
         src.write_text(source)
         subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub), str(src)], check=True)
-    return [f"-DCUDA_cuda_driver_LIBRARY={stub}"]
+    # Linking an executable against libggml-cuda (the rpc-server) makes the linker look for the
+    # library's needs by soname, libcuda.so.1, to check that every symbol resolves. The stub
+    # answers to that name only in a directory of its own named by -rpath-link, which no built
+    # file records: a RUNPATH can never lead a machine's loader to the stub instead of its driver.
+    by_soname = stub.parent / "soname"
+    link = by_soname / "libcuda.so.1"
+    if not link.is_symlink():
+        by_soname.mkdir(exist_ok=True)
+        try:
+            link.symlink_to(Path("..") / stub.name)
+        except FileExistsError:  # a concurrent build made it
+            pass
+    return [f"-DCUDA_cuda_driver_LIBRARY={stub}", f"-DCMAKE_EXE_LINKER_FLAGS=-Wl,-rpath-link,{by_soname}"]
 
 
-def check_driver_link(wheel: Path) -> None:
-    """The CUDA library must name libcuda.so.1 among its needs, or it cannot load anywhere."""
+def dynamic_section(path: Path) -> tuple[list[str], list[str]]:
+    """An ELF file's NEEDED sonames and RUNPATH (or RPATH) directories, as ``readelf -d`` lists them."""
+    dyn = subprocess.run(["readelf", "-d", str(path)], capture_output=True, text=True, check=True).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dyn)
+    paths = [d for entry in re.findall(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*?)\]", dyn)
+             for d in entry.split(":") if d]
+    return needed, paths
+
+
+def check_driver_link(lib_dir: Path, where: str) -> None:
+    """The CUDA library in ``lib_dir`` must name libcuda.so.1 among its needs, or it cannot load
+    anywhere; and no file there may find the driver stub through its RUNPATH (CMake records the
+    directories of the libraries it linked, the stub's among them), or a machine holding this
+    cache would load the stub instead of its driver."""
+    cuda = sorted(lib_dir.glob("libggml-cuda.so*"))
+    if not cuda:
+        raise BuildError(f"{where}: no libggml-cuda.so (built without -DGGML_CUDA=on?)")
+    if "libcuda.so.1" not in dynamic_section(cuda[0])[0]:
+        raise BuildError(f"{where}: {cuda[0].name} does not need libcuda.so.1 (the driver stub exported nothing?)")
+    for elf in sorted(p for p in lib_dir.iterdir() if p.is_file() and not p.is_symlink()):
+        with open(elf, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                continue
+        for d in dynamic_section(elf)[1]:
+            driver = (Path(d.replace("$ORIGIN", str(lib_dir))) / "libcuda.so.1").resolve()
+            if driver.exists() and driver.parent.name.startswith("cuda-stub-"):
+                raise BuildError(f"{where}: {elf.name}'s RUNPATH entry {d} leads to the link-time driver stub")
+
+
+def check_cuda_wheel(wheel: Path) -> None:
     import zipfile
 
     with zipfile.ZipFile(wheel) as z, tempfile.TemporaryDirectory() as tmp:
-        name = next(n for n in z.namelist() if n.startswith("llama_cpp/lib/libggml-cuda.so"))
-        lib = z.extract(name, tmp)
-        dyn = subprocess.run(["readelf", "-d", lib], capture_output=True, text=True, check=True).stdout
-    if "[libcuda.so.1]" not in dyn:
-        raise BuildError(f"{wheel.name}: {name} does not need libcuda.so.1 (the driver stub exported nothing?)")
+        for name in z.namelist():
+            if name.startswith("llama_cpp/lib/"):
+                z.extract(name, tmp)
+        check_driver_link(Path(tmp) / "llama_cpp" / "lib", wheel.name)
 
 
 RPC_SERVER = "llama_cpp/lib/ggml-rpc-server"
@@ -245,7 +284,7 @@ def build(tree: Path, flags: list[str], out: Path, cuda: bool) -> Path:
     log(f"built in {time.time() - t0:.0f} s")
     check_rpc_server(next(tmp.glob("*.whl")))
     if cuda:
-        check_driver_link(next(tmp.glob("*.whl")))
+        check_cuda_wheel(next(tmp.glob("*.whl")))
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
@@ -260,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-install", action="store_true", help="build or reuse the wheel, do not install it")
     ap.add_argument("--source-dir", action="store_true", help="print the patched source tree and exit")
     ap.add_argument("--wheel-path", action="store_true", help="print the cached wheel path (building if needed)")
+    ap.add_argument("--rebuild", action="store_true",
+                    help="build even if a wheel with this cache key is cached (the key covers the sdist, the "
+                         "patches and the flags, not this script)")
     args = ap.parse_args(argv)
 
     try:
@@ -271,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             print(patched_source(patches, src_key))
             return 0
         out = cache_root() / "wheels" / key
-        wheels = sorted(out.glob("*.whl")) if out.exists() else []
+        wheels = sorted(out.glob("*.whl")) if out.exists() and not args.rebuild else []
         if wheels:
             wheel = wheels[0]
             log(f"reusing cached wheel {wheel} (key {key})")

@@ -5,6 +5,7 @@
 #   *.whl                  the pure-Python dependencies that machine's image lacks
 #   fixtures/              the tiny target fixture (its converter comes from the sdist)
 # Usage: scripts/gpu_bundle.sh [OUT_DIR]   (default .gpu, ignored by git; CUDA arch: $LAGUNA_CUDA_ARCH, default 90)
+# Then scripts/gpu/check_bundle.py checks the bundle and runs gpu_check.sh on it up to the GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-.gpu}
@@ -29,3 +30,4 @@ if not (out / 'fingerprint').exists():
 print(out)" | tail -n 1)
 mkdir -p "$out/fixtures" && cp -r "$fixture" "$out/fixtures/"
 du -sh "$out"/*
+LAGUNA_CUDA_ARCH=$arch PYTHON=.venv/bin/python .venv/bin/python scripts/gpu/check_bundle.py "$out"

@@ -4,16 +4,17 @@
 #   1 load      the CUDA build loads and sees a GPU (stops here otherwise)
 #   2 cuda      tests/test_cuda.py: capture, drafter graph and greedy exactness on the GPU
 #   3 offload   what llama.cpp's op offload does to a CPU-placed model's prompt rows
-#   4 invariance  scripts/batch_invariance.py: a row's logits alone vs in a batch, on the GPU
-#   5 capture   scripts/bench_capture.py: a plain step with and without hidden-state capture
+#   4 invariance  scripts/investigate/batch_invariance.py: a row's logits alone vs in a batch, on the GPU
+#   5 capture   scripts/bench/bench_capture.py: a plain step with and without hidden-state capture
 #   6 suite     the whole test suite against the CUDA build
 #   7 sweep     laguna-run bench --sweep with both models on the GPU (JSON + PNG)
-#   8 record    scripts/record_acceptance.py: the GPU's clock for the tuner replay
-#   9 autotune  scripts/bench_autotune.py on the GPU (code and the degraded drafter)
+#   8 record    scripts/bench/record_acceptance.py: the GPU's clock for the tuner replay
+#   9 autotune  scripts/bench/bench_autotune.py on the GPU (code and the degraded drafter)
 # Each stage's log, and the JSON and PNG files, go to $OUT (default gpu-out/); summary.txt
 # holds each stage's exit status and seconds. Stages start only while the deadline allows,
 # and only those GPU_CHECK_STAGES names (default: all).
 #   GPU_BUNDLE=.gpu OUT=gpu-out GPU_CHECK_SECONDS=480 GPU_CHECK_STAGES="cuda suite" scripts/gpu_check.sh
+# scripts/gpu/check_bundle.py runs it here, on a machine without a GPU, as far as the load stage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=${GPU_BUNDLE:-.gpu}
@@ -24,7 +25,7 @@ stages=" ${GPU_CHECK_STAGES:-cuda offload invariance capture suite sweep record 
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LAGUNA_DFLASH_CACHE=${LAGUNA_DFLASH_CACHE:-/tmp/laguna-dflash-cache}
 
-site=/tmp/laguna-dflash-site
+site=${GPU_SITE:-/tmp/laguna-dflash-site}
 rm -rf "$site" && mkdir -p "$site"
 tar -C "$site" -xJf "$bundle/llama_cpp_cuda.tar.xz" || exit 1
 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$bundle"/*.whl || exit 1
@@ -102,13 +103,13 @@ with Model(out / "tiny-laguna-f32.gguf") as m:
         d = np.abs(rows(512, offload) - rows(7, offload)).max()
         print(f"CPU-placed model, op_offload={offload}: max |prompt rows (ubatch 512) - ubatch 7 rows| = {d:.3e}")
 EOF
-stage invariance 90 "$py" scripts/batch_invariance.py --device cuda --model runtime/assets/laguna-tiny/Laguna-Tiny-target-Q8_0.gguf \
+stage invariance 90 "$py" scripts/investigate/batch_invariance.py --device cuda --model runtime/assets/laguna-tiny/Laguna-Tiny-target-Q8_0.gguf \
     --model "$(ls -d "$LAGUNA_DFLASH_CACHE"/fixtures/tiny-target-*/tiny-laguna-f32.gguf | head -n 1)" --json "$out/invariance-cuda.json"
-stage capture 30 "$py" scripts/bench_capture.py --device cuda --json "$out/capture-cuda.json"
+stage capture 30 "$py" scripts/bench/bench_capture.py --device cuda --json "$out/capture-cuda.json"
 stage suite 200 "$py" -m pytest -q -p no:cacheprovider tests
 stage sweep 120 "$py" -m laguna_dflash.runtime.cli bench --sweep --device cuda -n 64 --json "$out/sweep-cuda.json" --png "$out/sweep-cuda.png"
-stage record 150 "$py" scripts/record_acceptance.py --device cuda --lengths-from scripts/tuning/recordings/replay.json \
+stage record 150 "$py" scripts/bench/record_acceptance.py --device cuda --lengths-from scripts/tuning/recordings/replay.json \
     --out "$out/replay-cuda.json"
-stage autotune 150 "$py" scripts/bench_autotune.py --device cuda --workloads code,degraded --repeats 1 ${AUTOTUNE_ARGS:-} \
+stage autotune 150 "$py" scripts/bench/bench_autotune.py --device cuda --workloads code,degraded --repeats 1 ${AUTOTUNE_ARGS:-} \
     --json "$out/autotune-cuda.json" --png "$out/autotune-cuda.png"
 cat "$out/summary.txt"

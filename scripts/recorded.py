@@ -6,7 +6,10 @@ import shlex
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def command_line(script: str, argv: list[str] | None = None) -> str:
-    """``python scripts/<script's name> <arguments>``; ``argv`` None: this process's arguments."""
-    return shlex.join(["python", f"scripts/{Path(script).name}", *(sys.argv[1:] if argv is None else argv)])
+    """``python scripts/<folder>/<script>.py <arguments>``; ``argv`` None: this process's arguments."""
+    path = Path(script).resolve().relative_to(REPO).as_posix()
+    return shlex.join(["python", path, *(sys.argv[1:] if argv is None else argv)])

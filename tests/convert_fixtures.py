@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from typer.testing import CliRunner
 
-from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert.cli import app
 from laguna_dflash.convert.synthetic import TINY_S, TINY_XS, write_target_gguf
 
@@ -19,7 +19,7 @@ U32, I32, F32, BOOL, STR, ARR = (GGUFValueType.UINT32, GGUFValueType.INT32, GGUF
                                  GGUFValueType.BOOL, GGUFValueType.STRING, GGUFValueType.ARRAY)
 
 #: Every non-tokenizer metadata key of a converted (sliding-window) drafter, with its GGUF type
-#: (SPEC §5a + general.*), written out here independently of convert/gguf_keys.py.
+#: (SPEC §5a + general.*), written out here independently of convert/gguf/keys.py.
 #: ``general.source.huggingface.repository`` is present only when a source repository is known;
 #: ``attention.sliding_window`` only when the layers are sliding.
 LAYOUT_KEYS: dict[str, tuple[GGUFValueType, ...]] = {

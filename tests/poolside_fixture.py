@@ -24,7 +24,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 from gguf.quants import quantize
 
-from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.gguf import keys as K
 from safetensors.torch import load_file
 
 ARCH = K.POOLSIDE_ARCH

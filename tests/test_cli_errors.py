@@ -143,16 +143,17 @@ def test_bench_output_paths_are_checked_first(tmp_path, capsys, flag):
     (["--n-max", "auto", "-b", "8"], 16),
 ])
 def test_batch_smaller_than_the_deepest_verify_is_refused_up_front(pair, capsys, args, rows):
-    _, drafter = pair
-    assert main([*NO_MODEL, "-md", drafter, "-p", "x", "-n", "4", *args]) == 2
+    """Refused from the pair's headers (runtime/open_pair.py), before any model loads."""
+    target, drafter = pair
+    assert main(["-m", target, "-md", drafter, "-p", "x", "-n", "4", *args]) == 2
     assert f"-b/--batch-size: expected >= {rows}" in one_error_line(capsys)
-    assert main(["bench", *NO_MODEL, "-md", drafter, "-n", "4", *args]) == 2
+    assert main(["bench", "-m", target, "-md", drafter, "-n", "4", *args]) == 2
     assert f"-b/--batch-size: expected >= {rows}" in one_error_line(capsys)
 
 
 def test_depth_beyond_the_drafters_block_is_refused_up_front(pair, capsys):
-    _, drafter = pair
-    assert main(["bench", *NO_MODEL, "-md", drafter, "--n-max", "2,16"]) == 2
+    target, drafter = pair
+    assert main(["bench", "-m", target, "-md", drafter, "--n-max", "2,16"]) == 2
     assert "--n-max: expected 0..15 (the drafter's block_size - 1)" in one_error_line(capsys)
 
 

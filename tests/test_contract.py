@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from convert_fixtures import TINY_XS, target_for
 
-from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert.checkpoint import ARCHITECTURE, MODEL_TYPE, DrafterConfig, parse_config
 from laguna_dflash.convert.converter import prepare
 from laguna_dflash.convert.errors import ContractError

@@ -28,7 +28,7 @@ from convert_fixtures import PRESETS, leftovers, read_gguf, run_cli, target_for
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType, GGUFWriter
 
-from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert.converter import prepare
 from laguna_dflash.convert.errors import ContractError, UserError
 from laguna_dflash.convert.quantize import check_values

@@ -13,7 +13,7 @@ from convert_fixtures import (LAYOUT_KEYS, PRESETS, SOURCE_REPO_KEY, cv_targets,
                               leftovers, read_gguf, run_cli)
 from gguf import GGMLQuantizationType as Q
 
-from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert.synthetic import write_drafter
 
 LAYOUTS = [

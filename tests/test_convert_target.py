@@ -11,7 +11,7 @@ import pytest
 from convert_fixtures import PRESETS, leftovers, read_gguf, run_cli, target_for
 from gguf import GGUFValueType, GGUFWriter
 
-from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert.converter import convert
 from laguna_dflash.convert.errors import ContractError, UserError
 from laguna_dflash.convert.synthetic import write_drafter, write_target_gguf

@@ -8,7 +8,7 @@ What holds on a GPU, measured on an H200 (docs/gpu.md): llama.cpp's CUDA backend
 kernels by batch size (one-row matrix-vector kernels for a plain step, cuBLAS with TF32 or
 tiled kernels for larger batches), so a row's logits in a verify batch differ from the same
 row decoded alone: up to 0.09 on the bundled Q8_0 target, 0.9 on the F32 one (jumps that look
-like a MoE router picking another expert; scripts/batch_invariance.py). Hence:
+like a MoE router picking another expert; scripts/investigate/batch_invariance.py). Hence:
 - references are matched to GPU_TOL = 5e-2 (measured: 1.4e-2 target logits vs transformers,
   7e-3 drafter logits vs numpy, 7e-3 captured rows between ubatch splits);
 - greedy speculative output equals plain greedy output up to the first near-tie: where they

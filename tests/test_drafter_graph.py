@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 import pytest
 
-from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert import converter, synthetic
 from laguna_dflash.convert.target import read_target as read_target_info
 from reference.dflash_numpy import DrafterReference, DrafterWeights, load_drafter
@@ -104,7 +104,7 @@ BLOCK = [100, 12, 12, 12, 12, 12, 12, 12]
 @pytest.fixture
 def c_loader_only(monkeypatch):
     """Reach patch 0003's own refusals (defence in depth): the Python header checks that run
-    before llama.cpp (convert/gguf_rules.py, tested in test_gguf_ranges.py) would answer first."""
+    before llama.cpp (convert/gguf/rules.py, tested in test_gguf_ranges.py) would answer first."""
     import laguna_dflash.runtime.llama
 
     monkeypatch.setattr(laguna_dflash.runtime.llama, "checked_header", lambda *args, **kwargs: None)
@@ -303,7 +303,7 @@ def old_named(src: Path, dst: Path) -> Path:
 
 def test_a_file_with_the_old_ffn_norm_name_loads_and_drafts_the_same(target_model, drafter_files, tmp_path):
     from laguna_dflash.convert.drafter_info import layout_problems, read_drafter_gguf
-    from laguna_dflash.runtime.pair import read_drafter
+    from laguna_dflash.convert.gguf.specs import read_drafter
 
     old = old_named(drafter_files["f32"], tmp_path / "old.gguf")
     assert not layout_problems(read_drafter_gguf(old))
@@ -488,7 +488,7 @@ def test_each_config_variant_matches_the_reference_at_run_time(target_model, tmp
 
 
 def test_a_full_attention_drafter_is_written_without_a_window(tmp_path, tiny_target):
-    from laguna_dflash.runtime.pair import read_drafter
+    from laguna_dflash.convert.gguf.specs import read_drafter
 
     _, path = write_gguf_drafter(tmp_path, "full", tiny_target, layer_type="full_attention")
     kv = {k: f.contents() for k, f in gguf.GGUFReader(str(path)).fields.items()}

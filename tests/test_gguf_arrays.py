@@ -14,7 +14,7 @@ import pytest
 from gguf import GGUFValueType as T
 
 from laguna_dflash.convert.errors import UserError
-from laguna_dflash.convert.gguf_header import EAGER_ARRAY_MAX, MAX_VOCAB, LazyArray, read_header
+from laguna_dflash.convert.gguf.header import EAGER_ARRAY_MAX, MAX_VOCAB, LazyArray, read_header
 from laguna_dflash.runtime import assets
 from gguf_mutate import Source
 
@@ -40,7 +40,7 @@ def peak_rss_mb(code: str) -> float:
     """Peak RSS growth (MiB) of running ``code`` in a fresh interpreter after the imports."""
     script = "\n".join([
         "import resource",
-        "from laguna_dflash.convert.gguf_header import read_header",
+        "from laguna_dflash.convert.gguf.header import read_header",
         "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss",
         textwrap.dedent(code),
         "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)",

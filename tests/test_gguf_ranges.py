@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from gguf import GGUFValueType as T
 
-from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert.errors import UserError
-from laguna_dflash.convert.gguf_header import read_header
-from laguna_dflash.convert.gguf_rules import ARCH_RULES, MODEL_RULES, header_problems
+from laguna_dflash.convert.gguf.header import read_header
+from laguna_dflash.convert.gguf.rules import ARCH_RULES, MODEL_RULES, header_problems
 from convert_fixtures import run_cli
 from gguf_mutate import Source
 from laguna_dflash.runtime import assets

@@ -1,7 +1,7 @@
 """Our converted tiny drafter in ik_llama.cpp (issue 19 item 3): it loads in ik's llama-spec-bench
 with ``--spec-type dflash:n_max=4``, greedy, and ik's acceptance is laguna-run's.
 
-The runs need an ik build (``scripts/build_peer.sh``; ``IK_LLAMA_BIN`` names another bin
+The runs need an ik build (``scripts/bench/build_peer.sh``; ``IK_LLAMA_BIN`` names another bin
 directory) and are skipped without one: CI has none. The renaming helper is checked everywhere.
 laguna-run ends each generation with ik's budget rule here (``ik_tail_depth``), so that the last
 rounds of the two compare.
@@ -17,15 +17,15 @@ import gguf
 import numpy as np
 import pytest
 
-from check_ik_interop import (IkFailed, compare, ik_bin_dir, ik_named_copy, legacy_norm_tensors, renamed_copy, run_ik,
-                              run_ours)
+from investigate.check_ik_interop import (IkFailed, compare, ik_bin_dir, ik_named_copy, legacy_norm_tensors,
+                                          renamed_copy, run_ik, run_ours)
 from laguna_dflash.runtime import assets
 
 N_MAX, N_PREDICT, THREADS = 4, 64, 2
 PROMPT = 1  # of runtime/assets/prompts/code.txt
 ACCEPTANCE_TOLERANCE = 0.10  # relative, on the accepted drafts of the generation
 
-needs_ik = pytest.mark.skipif(ik_bin_dir() is None, reason="no ik_llama.cpp build (scripts/build_peer.sh)")
+needs_ik = pytest.mark.skipif(ik_bin_dir() is None, reason="no ik_llama.cpp build (scripts/bench/build_peer.sh)")
 
 
 @pytest.fixture(scope="module")

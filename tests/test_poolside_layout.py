@@ -13,7 +13,7 @@ from convert_fixtures import read_gguf, run_cli
 from gguf import GGMLQuantizationType
 from poolside_fixture import write_poolside_gguf
 
-from laguna_dflash.convert import gguf_keys as K
+from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert import converter, mapping
 from laguna_dflash.convert.poolside import native_drafter_path, prepare
 from laguna_dflash.convert.quantize import OutType

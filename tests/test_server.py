@@ -145,6 +145,24 @@ def test_per_request_depth_stop_strings_and_models(srv, ref):
     assert ids == ["laguna-tiny"]
 
 
+def test_a_long_stop_string_is_cut_alike_streamed_and_not(srv, ref):
+    """A stop string of many tokens: found by both modes (the old check decoded 16 tokens), no
+    byte of it sent, finish_reason stop, and the streamed text equals the whole one."""
+    c = client(srv)
+    prompt = PROMPTS[1]
+    full = ref.generate(prompt, GenerateOptions(n_predict=60))
+    assert full.stop_reason == "length"
+    n = len(full.text)
+    stop = full.text[n // 4:n // 4 + n // 2]  # half the text: far more than 16 tokens
+    want = full.text[:full.text.find(stop)]
+    r = c.completions.create(model="m", prompt=prompt, max_tokens=60, stop=stop)
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    chunks = list(c.completions.create(model="m", prompt=prompt, max_tokens=60, stop=stop, stream=True))
+    assert "".join(ch.choices[0].text for ch in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert chunks[-1].usage.completion_tokens < 60  # it stopped there, not at max_tokens
+
+
 def test_eight_concurrent_clients_get_their_sequential_outputs(srv):
     prompts = [PROMPTS[i % len(PROMPTS)][: 60 + 11 * i] for i in range(8)]
     c = client(srv)

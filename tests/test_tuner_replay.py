@@ -1,6 +1,6 @@
 """The depth tuner replayed on the laguna-tiny pair's recorded acceptance and costs.
 
-A recording (made by ``scripts/record_acceptance.py``) holds the shipped drafter's match length
+A recording (made by ``scripts/bench/record_acceptance.py``) holds the shipped drafter's match length
 at every position of every prompt's greedy output, and the pair's round costs and timing noise
 on a CPU. Two are kept: ``replay.json``, made on a busy day of this shared machine (plain steps
 40% slower than usual, round times up to 7x their median), and ``replay-calm.json``, made on a
@@ -50,7 +50,7 @@ def judged(clock: str, workload: str) -> Judgement:
 def test_the_recording_is_of_the_shipped_drafter(clock):
     rec = Recording.load(RECORDINGS[clock])
     assert rec.drafter_digest == assets.tiny_drafter_digest(), (
-        "the shipped drafter changed: run python scripts/record_acceptance.py --out " + str(RECORDINGS["busy"]))
+        "the shipped drafter changed: run python scripts/bench/record_acceptance.py --out " + str(RECORDINGS["busy"]))
     assert set(rec.workloads) >= {"code", "prose", "degraded"}
     assert len(rec.round_s) == 16 and rec.round_s[0] < rec.round_s[1] < rec.round_s[15]
 
@@ -154,7 +154,7 @@ def test_drift_makes_successive_rounds_alike_without_widening_the_spread(rec):
     import dataclasses
     import math
 
-    from record_acceptance import Scripted  # a fixed depth that keeps every round's report
+    from bench.record_acceptance import Scripted  # a fixed depth that keeps every round's report
 
     flat = Recording(**{**rec.__dict__, "round_s": [1.0] * 16, "plain_skip_s": 1.0, "depth_change_s": 0.0,
                         "catchup_s": 0.0, "catchup_per_row_s": 0.0})
@@ -187,7 +187,7 @@ def test_the_recorder_measures_drift_from_the_round_times():
 
     import numpy as np
 
-    from record_acceptance import drift
+    from bench.record_acceptance import drift
 
     rng = np.random.default_rng(0)
     runs, flat = [], []

@@ -14,7 +14,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from laguna_dflash.convert import gguf_keys as K  # noqa: E402
+from laguna_dflash.convert.gguf import keys as K  # noqa: E402
 from laguna_dflash.convert import model_card, upload as up  # noqa: E402
 from laguna_dflash.convert.errors import UserError  # noqa: E402
 from laguna_dflash.convert.model_card import BenchResults, BenchRow, GGUFInfo, build_model_card, pair_target, parse_bench  # noqa: E402

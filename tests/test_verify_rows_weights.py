@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-import kernel_weights as kw
+from investigate import kernel_weights as kw
 
 SHAPES = [
     kw.WeightShape("dense-q4_K-2048", "q4_K", 2048, 512),
@@ -58,7 +58,7 @@ def test_the_q4_K_weights_are_repacked(backend):
 
 def _xs_q4_K_M_pair():
     """The cost-model harness's synthetic XS-width Q4_K_M target and its random drafter, when built
-    (``scripts/bench_cost_model.py --build-only``, a few GB); None otherwise."""
+    (``scripts/bench/bench_cost_model.py --build-only``, a few GB); None otherwise."""
     import os
     from pathlib import Path
 
@@ -70,7 +70,7 @@ def _xs_q4_K_M_pair():
     return None
 
 
-@pytest.mark.skipif(_xs_q4_K_M_pair() is None, reason="no XS-width Q4_K_M target: scripts/bench_cost_model.py --build-only")
+@pytest.mark.skipif(_xs_q4_K_M_pair() is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
 def test_greedy_speculative_equals_plain_on_an_xs_width_q4_K_M_target():
     """End to end where these kernels run: Q4_K_M weights at XS widths. The random drafter's
     drafts are all rejected, so every round emits the first row of an (n_max+1)-row verify

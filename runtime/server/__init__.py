@@ -4,7 +4,7 @@
 - :mod:`.app` — the FastAPI application (endpoints, errors in OpenAI's shape, the API key);
 - :mod:`.schemas` — the request bodies (pydantic);
 - :mod:`.metrics` — Prometheus text for ``GET /metrics``;
-- :mod:`.cli` — the ``serve`` command.
+- the ``serve`` command itself is :mod:`runtime.cli.serve`.
 
 Only :mod:`.pool` and :mod:`.metrics` work without the extra installed.
 """

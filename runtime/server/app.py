@@ -33,14 +33,13 @@ from ...convert.errors import UserError
 
 from .. import template_limits
 from ..chat_template import TEMPLATE_KEY, ChatTemplate
-from ..engine import GenerateOptions
-from ..sampling import SamplingError, SamplingParams
+from ..request import CONTEXT_MARGIN, GenerateOptions, RequestError, check_context, context_room, sampling_params
 from .guards import BodyLimitMiddleware, PreparePool, default_max_body_bytes, lone_surrogate
 from .pool import BackendLost, Job, PoolClosed, QueueFull, SlotPool
-from .schemas import MAX_STOPS, ChatCompletionRequest, CompletionRequest, GenerationFields
+from .schemas import ChatCompletionRequest, CompletionRequest, GenerationFields
 
-#: the engine refuses a prompt + n_predict within this many tokens of the context size
-CONTEXT_MARGIN = 16
+#: request fields whose JSON parameter has another name; -b is the server's, so n_max is at fault
+PARAMS = {"n_predict": "max_tokens", "n_batch": "n_max"}
 #: OpenAI's default max_tokens of /v1/completions
 COMPLETION_MAX_TOKENS = 16
 PUBLIC_PATHS = frozenset({"/health"})
@@ -109,9 +108,9 @@ class Server:
         self.pool, self.settings = pool, settings
         engine = pool.engine
         self.target = engine.target
-        self.n_ctx = engine.ctx.n_ctx
-        self.n_batch = engine.ctx.n_batch
-        self.max_draft = engine.drafter.spec.max_draft if engine.drafter is not None else 0
+        self.limits = engine.limits
+        self.n_ctx = self.limits.n_ctx
+        self.max_draft = self.limits.max_draft
         self.bos = self.target.special_text("bos")
         self.eos = self.target.special_text("eos")
         self.created = int(time.time())
@@ -132,39 +131,6 @@ class Server:
         self.draining = False  # a signal came: no new requests
 
     # ------------------------------------------------------------------ preparation (a thread)
-
-    def _sampling(self, body: GenerationFields) -> SamplingParams:
-        values = {k: getattr(body, k) for k in ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-                                                 "repeat_last_n", "seed") if getattr(body, k) is not None}
-        if values.get("seed") == -1:  # llama.cpp's "a random seed"
-            values["seed"] = None
-        try:
-            return SamplingParams(**values)
-        except SamplingError as e:
-            raise ApiError(400, f"{e.field}: expected {e.expected}, found {e.found!r}", param=e.field,
-                           code="invalid_value") from None
-
-    def _depth(self, body: GenerationFields) -> int | str:
-        depth = body.n_max if body.n_max is not None else self.settings.n_max
-        if depth == "auto":
-            return depth
-        if depth < 0 or depth > self.max_draft:
-            expected = f"0..{self.max_draft} (the drafter's block_size - 1) or 'auto'" if self.max_draft \
-                else "0 (the server has no drafter)"
-            raise ApiError(400, f"n_max: expected {expected}, found {depth}", param="n_max", code="invalid_value")
-        if depth + 1 > self.n_batch:
-            raise ApiError(400, f"n_max: expected <= {self.n_batch - 1} (a verify pass of {depth + 1} rows exceeds "
-                                f"the server's -b {self.n_batch}), found {depth}", param="n_max", code="invalid_value")
-        return depth
-
-    def _stops(self, body: GenerationFields) -> tuple[str, ...]:
-        stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
-        if len(stops) > MAX_STOPS:
-            raise ApiError(400, f"stop: expected at most {MAX_STOPS} strings, found {len(stops)}", param="stop",
-                           code="invalid_value")
-        if any(not s for s in stops):
-            raise ApiError(400, "stop: expected non-empty strings, found ''", param="stop", code="invalid_value")
-        return tuple(stops)
 
     def _check_common(self, body: GenerationFields) -> None:
         if body.n not in (None, 1):
@@ -230,26 +196,24 @@ class Server:
     def prepare(self, body) -> tuple[list[int], GenerateOptions, int | str]:
         self._check_text(body)
         self._check_common(body)
-        sampling = self._sampling(body)
-        depth = self._depth(body)
-        stops = self._stops(body)
-        tokens = self._prompt_tokens(body)
-        if not tokens:
-            raise ApiError(400, "prompt: expected at least one token, found an empty prompt", param="prompt",
-                           code="invalid_value")
-        room = self.n_ctx - len(tokens) - CONTEXT_MARGIN
         chat = isinstance(body, ChatCompletionRequest)
         max_tokens = (body.max_completion_tokens if chat and body.max_completion_tokens is not None
                       else body.max_tokens)
-        if max_tokens is None:
-            max_tokens = max(0, room) if chat else COMPLETION_MAX_TOKENS
-        if len(tokens) + max_tokens + CONTEXT_MARGIN > self.n_ctx or room < 0:
-            raise ApiError(400, f"this model's context is {self.n_ctx} tokens; the prompt has {len(tokens)} and "
-                                f"max_tokens asks for {max_tokens} ({CONTEXT_MARGIN} are kept free): lower "
-                                "max_tokens or shorten the prompt", param="max_tokens" if body.max_tokens is not None
-                           or (chat and body.max_completion_tokens is not None) else "messages" if chat else "prompt",
-                           code="context_length_exceeded")
-        return tokens, GenerateOptions(n_predict=max_tokens, n_max=depth, sampling=sampling, stop=stops), depth
+        try:
+            sampling = sampling_params(**{k: getattr(body, k) for k in (
+                "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+                if getattr(body, k) is not None})
+            options = GenerateOptions(n_predict=max_tokens or 0,
+                                      n_max=body.n_max if body.n_max is not None else self.settings.n_max,
+                                      sampling=sampling, stop=body.stop or ()).check_limits(self.limits)
+            tokens = self._prompt_tokens(body)
+            if max_tokens is None:
+                max_tokens = max(0, context_room(len(tokens), self.n_ctx)) if chat else COMPLETION_MAX_TOKENS
+            options.n_predict = max_tokens
+            check_context(len(tokens), max_tokens, self.n_ctx)
+        except RequestError as e:
+            raise request_error(e, body, chat) from None
+        return tokens, options, options.n_max
 
     # ------------------------------------------------------------------ responses
 
@@ -404,6 +368,17 @@ class Server:
         finally:
             if not job.finished:  # the client went away mid-stream (or the server stops)
                 self.pool.cancel(job)
+
+
+def request_error(e: RequestError, body, chat: bool) -> ApiError:
+    """A 400 naming the JSON parameter; a prompt too long for the context blames max_tokens when
+    the client set it, else the prompt."""
+    param = PARAMS.get(e.field, e.field)
+    if e.code == "context_length_exceeded" or e.field == "prompt":
+        given = body.max_tokens is not None or (chat and body.max_completion_tokens is not None)
+        if e.field == "prompt" or not given:
+            param = "messages" if chat else "prompt"
+    return ApiError(400, e.render(param), param=param, code=e.code)
 
 
 def _sse(obj: dict) -> dict:

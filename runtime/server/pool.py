@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..engine import Engine, EngineConfig, GenerateOptions, GenerationResult
 from ..llama import Model
+from ..open_pair import PairFiles, open_models, resolve_pair
 from ..rpc import RpcError
 from .metrics import Metrics
 
@@ -41,34 +42,6 @@ class BackendLost(Exception):
 
 class PoolClosed(Exception):
     """The server is shutting down."""
-
-
-class StopFilter:
-    """Streams text with stop strings cut the way ``Engine.generate`` cuts them: at the first
-    occurrence of any stop string. The last ``max(len(stop)) - 1`` characters are held back
-    until they cannot start a stop string any more."""
-
-    def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
-        self.hold = max((len(s) for s in stops), default=1) - 1
-        self.buf = ""
-        self.stopped = False
-
-    def feed(self, piece: str) -> str:
-        if self.stopped:
-            return ""
-        self.buf += piece
-        cut = min((i for i in (self.buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            out, self.buf, self.stopped = self.buf[:cut], "", True
-            return out
-        n = max(0, len(self.buf) - self.hold)
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
-    def flush(self) -> str:
-        out, self.buf = ("" if self.stopped else self.buf), ""
-        return out
 
 
 @dataclasses.dataclass
@@ -267,18 +240,16 @@ class SlotPool:
         engine = slot.engine
         try:
             if job.stream:
-                cut = StopFilter(opts.stop)
                 pending: list[str] = []
                 last = 0.0  # the first text goes out at once
-                for piece in engine.stream(job.tokens, opts):
-                    pending.append(cut.feed(piece))
+                for piece in engine.stream(job.tokens, opts):  # cut at the stop string by the engine
+                    pending.append(piece)
                     now = time.perf_counter()
-                    if now - last >= STREAM_INTERVAL_S and any(pending):
+                    if now - last >= STREAM_INTERVAL_S:
                         job._put(("text", "".join(pending)))
                         pending.clear()
                         last = now
-                pending.append(cut.flush())
-                if any(pending):
+                if pending:
                     job._put(("text", "".join(pending)))
                 stats, reason = engine.last_stats, engine.last_stop_reason
                 outcome = Outcome(tokens=[], text="", stats=stats, stop_reason=reason)
@@ -349,27 +320,19 @@ class SlotPool:
 
 
 def load_pool(target_path: str | Path, drafter_path: str | Path | None, config: EngineConfig,
-              parallel: int = 1, max_queue: int = 16, metrics: Metrics | None = None) -> SlotPool:
-    """Load the target and the drafter once and make ``parallel`` engines over them."""
-    from ...convert.poolside import native_drafter_path
-
-    from ..llama import set_verbose
-
+              parallel: int = 1, max_queue: int = 16, metrics: Metrics | None = None,
+              pair: PairFiles | None = None) -> SlotPool:
+    """Load the target and the drafter once and make ``parallel`` engines over them
+    (``pair``: already resolved by the caller, runtime/open_pair.py)."""
     if parallel < 1:
         raise ValueError(f"parallel: expected >= 1, found {parallel}")
-    set_verbose(config.verbose)
-    target_options, draft_options = config.model_options()  # RPC servers: probed before any model loads
-    target = Model(target_path, **target_options)
-    models = [target]
+    pair = pair or resolve_pair(target_path, drafter_path)
+    target, drafter_model = open_models(pair, config)  # RPC servers: probed before any model loads
+    models = [m for m in (target, drafter_model) if m is not None]
     engines: list[Engine] = []
     try:
-        drafter_model = None
-        if drafter_path is not None:
-            drafter_path = native_drafter_path(drafter_path, target.path)
-            drafter_model = Model(drafter_path, **draft_options)
-            models.append(drafter_model)
         for _ in range(parallel):
-            engines.append(Engine(target, drafter_path, config, drafter_model=drafter_model))
+            engines.append(Engine(target, config=config, drafter_model=drafter_model, pair=pair))
     except BaseException:
         for e in engines:
             e.close()

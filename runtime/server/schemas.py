@@ -20,7 +20,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_STOPS = 16
 
 
 class Strict(BaseModel):

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Cost model of DFlash speculation for a Laguna XS 2.1 pair on this CPU, at real widths.
 
-    .venv/bin/python scripts/bench_cost_model.py                 # build (once, cached), measure, predict
-    .venv/bin/python scripts/bench_cost_model.py --threads 1 --repeats 12 --png docs/cost-model.png
-    .venv/bin/python scripts/bench_cost_model.py --from-json RUN.json --png out.png   # re-analyse only
+    .venv/bin/python scripts/bench/bench_cost_model.py                 # build (once, cached), measure, predict
+    .venv/bin/python scripts/bench/bench_cost_model.py --threads 1 --repeats 12 --png docs/cost-model.png
+    .venv/bin/python scripts/bench/bench_cost_model.py --from-json RUN.json --png out.png   # re-analyse only
 
 What it builds (under ``$LAGUNA_DFLASH_CACHE/costmodel``, default ``~/.cache/laguna-dflash/costmodel``,
 6.8 GB, plus 7.7 GB for a moment while the F16 file exists; skipped when present; the first build
@@ -1053,7 +1053,7 @@ def main() -> int:
     info["loadavg_end"] = list(os.getloadavg())
 
     res = {
-        "command": command_line(__file__),
+        "command": command_line(sys.argv[0]),
         "machine": info,
         "settings": {"threads": threads, "context": args.context, "n_batch": args.n_batch,
                      "repeats": args.repeats, "warmup": args.warmup, "engine_passes": args.engine_passes,

@@ -1,6 +1,6 @@
 """Play a depth policy against recorded acceptance and costs instead of a live pair.
 
-A recording (``scripts/record_acceptance.py``) holds, per prompt of a workload, the match length
+A recording (``scripts/bench/record_acceptance.py``) holds, per prompt of a workload, the match length
 L_t of the drafter's proposals at every position t of the greedy output (a round at depth k
 accepts min(k, L_t)), and the pair's round costs on the machine that recorded it. A replay
 walks through the prompts as the engine would (a round at position t with depth k moves on by
@@ -26,7 +26,7 @@ from pathlib import Path
 from laguna_dflash.runtime.drafter import capture_horizon
 from laguna_dflash.runtime.tuner import DepthPolicy, FixedDepth
 
-#: The recorded rounds of the bundled pair (scripts/record_acceptance.py writes them).
+#: The recorded rounds of the bundled pair (scripts/bench/record_acceptance.py writes them).
 RECORDED = Path(__file__).resolve().parent / "recordings"
 
 

@@ -1,0 +1,105 @@
+"""laguna-run bench: tokens/s of plain decoding and each draft depth, measured in one process."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from ...convert.errors import UserError
+
+from .. import assets
+from ..outputs import GuardedStream, OutputFailed, check_outputs, save_plot, write_text
+from ..prompt_bound import check_prompt_length
+from .interrupt import CtrlC, Interrupted
+from .options import Command, switch, PairFlags, RpcFailed, check_range, engine_config, err, open_engine, \
+    pair_flags, pair_inputs, request_options
+
+bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
+
+
+@bench_app.command(cls=Command)
+@pair_flags
+def bench(
+    prompts: Annotated[Optional[list[Path]], typer.Option("--prompts", help="Prompt file(s): prompts separated by lines of '---'. Default: the bundled held-out code prompts.")] = None,
+    n_max: Annotated[str, typer.Option("--n-max", "--draft-max", help="Comma-separated depths to compare with plain decoding (0 is always measured), e.g. 1,2,4,8,auto.")] = "4",
+    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens per prompt.")] = 96,
+    repeats: Annotated[int, typer.Option("--repeats", help="Interleaved repetitions of the whole set (noise control).")] = 1,
+    sweep: Annotated[bool, switch("--sweep", help="Content kinds (code, table, prose) x depths 1,2,4,8,15,auto (overridable with --prompts / --n-max).")] = False,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here.")] = None,
+    png: Annotated[Optional[Path], typer.Option("--png", help="Draw the speedups as a PNG chart here.")] = None,
+    *,
+    flags: PairFlags,
+) -> None:
+    """Tokens/s of plain decoding and of each draft depth, measured in one process (greedy)."""
+    from ..bench import SWEEP_CONTENT, SWEEP_DEPTHS, bench_table, plot, run_bench
+
+    # every flag and input is checked before the first model loads: a bench must not lose its
+    # results at the end to an unwritable path or a missing plotting library
+    check_range("-n/--n-predict", n_predict, 1)
+    check_range("--repeats", repeats, 1)
+    flags.check()
+    if sweep and n_max == "4":
+        depths = list(SWEEP_DEPTHS)
+    else:
+        depths = [d.strip() for d in n_max.split(",") if d.strip()]
+    depths = [o.n_max for o in request_options(depths)]
+    if prompts:
+        files = prompts
+    elif sweep:
+        files = [assets.PROMPTS_DIR / f"{c}.txt" for c in SWEEP_CONTENT]
+    else:
+        files = [assets.CODE_PROMPTS]
+    prompt_sets = {f.stem: assets.read_prompts(f) for f in files}
+    if flags.model is not None and flags.model_draft is None:
+        raise UserError("bench compares speculative decoding with plain decoding: give a drafter with -md")
+    pair = flags.open_pair()
+    outs = check_outputs({"--json": json_out, "--png": png}, inputs=[*pair_inputs(flags, pair), *files])
+    request_options(depths, pair, flags)
+    cfg, placement = engine_config(flags, prompt_cache=False)  # each prompt measured from scratch
+    engine = open_engine(pair, cfg)
+    from ..rpc import RpcError as RpcLost
+
+    ctrl_c = CtrlC()
+    with engine:
+        for name, texts in prompt_sets.items():
+            for text in texts:
+                check_prompt_length(text, engine, flags.ctx_size, f"--prompts {name}")
+        try:
+            with ctrl_c:
+                result = run_bench(engine, prompt_sets, depths, n_predict, repeats, console=err, should_stop=ctrl_c)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        except RpcLost as e:
+            raise RpcFailed(str(e)) from None
+    result["placement"] = placement.describe()
+    result["command"] = " ".join(["laguna-run"] + sys.argv[1:])
+    failed: list[OutputFailed] = []  # each output is tried; the first failure is the exit's reason
+    if json_out:
+        try:
+            write_text(outs["--json"], json.dumps(result, indent=2), fallback=sys.stderr)
+            err.print(f"wrote {json_out}")
+        except OutputFailed as e:
+            failed.append(e)
+    if png and result["rows"]:
+        try:
+            save_plot(outs["--png"], lambda f, fmt: plot(result, f, format=fmt))
+            err.print(f"wrote {png}")
+        except OutputFailed as e:
+            failed.append(e)
+    try:
+        Console(file=GuardedStream(sys.stdout)).print(bench_table(result))
+    except OutputFailed as e:
+        Console(stderr=True).print(bench_table(result))
+        failed.append(OutputFailed(f"{e}; the table was written to stderr instead"))
+    if failed:
+        raise failed[0]
+    if ctrl_c.requested:
+        done = result.get("prompts_measured", {})
+        print(f"interrupted (Ctrl-C): the results cover the prompts every depth completed "
+              f"({', '.join(f'{k} {v}' for k, v in done.items())})", file=sys.stderr)
+        raise Interrupted()

@@ -1,0 +1,159 @@
+"""laguna-run [run]: generate text from a Laguna target, drafting with its DFlash drafter."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from ...convert.errors import UserError
+
+from .. import assets, template_limits
+from ..chat_template import TEMPLATE_KEY, render_chat
+from ..outputs import GuardedStream, LiveTrace, OutputFailed, check_outputs
+from ..prompt_bound import check_prompt_length
+from .interrupt import CtrlC, Interrupted
+from .options import Command, switch, NMaxOpt, PairFlags, RpcFailed, engine_config, err, open_engine, pair_flags, \
+    pair_inputs, request_options
+
+SUBCOMMANDS = """Commands (the first argument; run is the default):
+
+  run    generate from a prompt (these options)
+  bench  tokens/s of plain decoding and each draft depth: laguna-run bench --help
+  serve  the OpenAI-compatible HTTP server: laguna-run serve --help"""
+
+run_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
+
+
+def _apply_chat(engine, prompt: str) -> str:
+    path = engine.target.path
+    try:
+        template = engine.target.chat_template()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: {TEMPLATE_KEY}: expected UTF-8 text, found invalid bytes ({e.reason})") from None
+    if not template:
+        raise UserError(f"{path}: {TEMPLATE_KEY}: expected a chat template, found none")
+    with template_limits.bounded(max_chars=template_limits.chars_for_context(engine.ctx.n_ctx)):
+        return render_chat(template, [{"role": "user", "content": prompt}], source=path,
+                           add_generation_prompt=True, bos_token=engine.target.special_text("bos"),
+                           eos_token=engine.target.special_text("eos"))
+
+
+def stats_table(stats, title: str = "laguna-run") -> Table:
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    d = stats.as_dict()
+    t.add_row("prompt tokens", str(d["n_prompt"]))
+    t.add_row("generated tokens", str(d["n_generated"]))
+    t.add_row("rounds", str(d["rounds"]))
+    t.add_row("drafted / accepted", f"{d['drafted']} / {d['accepted']}")
+    t.add_row("mean accepted per round", f"{d['mean_accepted_per_round']:.2f}")
+    if d["acceptance_by_position"]:
+        t.add_row("acceptance by position", " ".join(f"{a:.2f}" for a in d["acceptance_by_position"]))
+    if len(d["depth_rounds"]) > 1:
+        t.add_row("rounds by depth", " ".join(f"{k}:{v}" for k, v in d["depth_rounds"].items()))
+    t.add_row("tokens/s", f"{d['tokens_per_s']:.1f}")
+    ts = d["time_s"]
+    t.add_row("time: prefill", f"{ts['prefill']:.3f} s")
+    t.add_row("time: draft / verify / host",
+              f"{ts['draft']:.3f} / {ts['verify']:.3f} / {ts['host']:.3f} s")
+    return t
+
+
+@run_app.command(cls=Command, epilog=SUBCOMMANDS.replace("\n", "\n\n"))
+@pair_flags
+def run(
+    prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="Prompt text.")] = None,
+    file: Annotated[Optional[Path], typer.Option("-f", "--file", help="Read the prompt from a file ('-': standard input).")] = None,
+    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 128,
+    n_max: NMaxOpt = None,
+    chat: Annotated[bool, switch("--chat", help="Wrap the prompt in the GGUF's chat template.")] = False,
+    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy (exact: same tokens as plain decoding).")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
+    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty")] = 1.0,
+    seed: Annotated[Optional[int], typer.Option("--seed", "-s", help="RNG seed for sampling (-1: a random one).")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    json_out: Annotated[bool, switch("--json", help="Print one JSON object (text + stats) instead of streaming.")] = False,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write one JSON line per round to this file.")] = None,
+    *,
+    flags: PairFlags,
+) -> None:
+    """Generate text from a Laguna target, drafting with its DFlash drafter.
+
+    Greedy output (the default, --temp 0) is token-for-token the target's own greedy output;
+    with sampling every token is drawn from the target's distribution (sample-and-compare).
+    """
+    # every flag is checked before anything is read or loaded
+    request = dict(n_predict=n_predict, stop=tuple(stop or ()))
+    sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                    seed=seed)
+    flags.check()
+    request_options([0 if n_max is None else n_max], sampling=dict(sampling), **request)  # before the pair
+    if (prompt is None) == (file is None):
+        raise UserError("give the prompt with exactly one of -p TEXT or -f FILE")
+    pair = flags.open_pair()
+    stdin = Path("/dev/stdin") if file is not None and str(file) == "-" else file  # -f -: the file behind it
+    outs = check_outputs({"--trace": trace}, inputs=[*pair_inputs(flags, pair), stdin])
+    if file is not None:
+        prompt = assets.read_prompt_text(file)
+    depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
+    (opts,) = request_options([depth], pair, flags, sampling=sampling, **request)
+    cfg, placement = engine_config(flags)
+    engine = open_engine(pair, cfg)
+    from ..rpc import RpcError as RpcLost
+
+    out = GuardedStream(sys.stdout)
+    with engine:
+        if chat:
+            prompt = _apply_chat(engine, prompt)
+        check_prompt_length(prompt, engine, flags.ctx_size, "-f" if file is not None else "-p")
+        ctrl_c = CtrlC()
+        # the trace is line-buffered (it can be followed live) and renamed into place at the end
+        with LiveTrace(outs.get("--trace")) as live:
+            opts.should_stop = lambda: ctrl_c() or live.should_stop() or out.failed
+            opts.trace = live.callback
+            try:
+                if json_out:
+                    with ctrl_c:
+                        res = engine.generate(prompt, opts)
+                    text = json.dumps({"text": res.text, "tokens": res.tokens, "stop_reason": res.stop_reason,
+                                       "placement": placement.describe(), "stats": res.stats.as_dict()}, indent=2)
+                    try:
+                        out.write(text + "\n")
+                        out.flush()
+                    except OutputFailed as e:  # the result goes to stderr instead
+                        print(text, file=sys.stderr)
+                        raise OutputFailed(f"{e}; the JSON was written to stderr instead") from None
+                else:
+                    def show(text: str) -> None:
+                        try:
+                            out.write(text)
+                            out.flush()
+                        except OutputFailed:  # should_stop ends the generation at its next round;
+                            pass  # the error is reported below, after the stats
+
+                    show(prompt if not chat else "")
+                    with ctrl_c:
+                        for piece in engine.stream(prompt, opts):
+                            show(piece)
+                    show("\n")
+                    err.print(placement.describe(), highlight=False)
+                    err.print(stats_table(engine.last_stats))
+                    if out.error is not None:
+                        raise OutputFailed(f"{out.error}; generation stopped there, the stats above cover it")
+            except ValueError as e:
+                raise UserError(str(e)) from None
+            except RpcLost as e:
+                raise RpcFailed(str(e)) from None
+        if live.error is not None:
+            raise OutputFailed(f"{live.error}; generation stopped at that round")
+    if ctrl_c.requested:
+        print("interrupted (Ctrl-C): the stats above cover the tokens generated so far", file=sys.stderr)
+        raise Interrupted()

@@ -1,0 +1,168 @@
+"""laguna-run serve: the OpenAI-compatible server (needs the ``server`` extra).
+
+    laguna-run serve -m target.gguf -md drafter.gguf --port 8080 --n-max 4 --parallel 2
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ...convert.errors import UserError
+
+from .. import assets
+from ..server.guards import exposure_problem
+from .options import (Command, ExposeOpt, MaxBodyBytesOpt, NMaxOpt, PairFlags, ShutdownTimeoutOpt, check_range,
+                      engine_config, pair_flags, request_options, switch)
+
+ThreadsPerSlotOpt = Annotated[int, typer.Option("-t", "--threads", help=(
+    "CPU threads per slot (0: the cores divided among the slots)."))]
+
+serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
+
+#: more slots than this on one machine is a typo (each holds its own contexts)
+MAX_PARALLEL = 256
+
+
+def _need_server_extra() -> None:
+    import importlib.util
+
+    for module in ("fastapi", "uvicorn", "sse_starlette"):
+        if importlib.util.find_spec(module) is None:
+            raise UserError(f"laguna-run serve: needs the server extra, which is not installed "
+                            f"(no module {module}): pip install 'laguna-dflash[server]'")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before any model loads so a taken port is a one-line error."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UserError(f"--host: expected an address of this machine, found {host!r} ({e.strerror})") from None
+    family, kind, proto, _, addr = infos[0]
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say they are TCP,
+    # and without it every response waits for a delayed ACK (40 ms) on a kept-alive connection
+    sock = socket.socket(family, kind, proto or socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+    return sock
+
+
+def read_template(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    text = assets.read_prompt_text(path)  # UTF-8, one-line errors
+    if not text.strip():
+        raise UserError(f"{path}: --chat-template-file: expected a Jinja chat template, found an empty file")
+    return text
+
+
+@serve_app.command(cls=Command)
+@pair_flags(threads=ThreadsPerSlotOpt)
+def serve(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port (0: any free one, printed at start).")] = 8080,
+    n_max: NMaxOpt = None,
+    parallel: Annotated[int, typer.Option("--parallel", "-np", help="Engine slots: sequences generated at once, each with its own contexts over the one loaded pair.")] = 1,
+    max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait for a slot (first in, first out); one more gets 503.")] = 16,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LAGUNA_API_KEY", show_envvar=True, help="Require Authorization: Bearer KEY on every endpoint but /health.")] = None,
+    alias: Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id served by /v1/models (default: the target file's name).")] = None,
+    chat_template_file: Annotated[Optional[Path], typer.Option("--chat-template-file", help="Jinja chat template to use instead of the GGUF's tokenizer.chat_template.")] = None,
+    no_prompt_cache: Annotated[bool, switch("--no-prompt-cache", help="Prefill every prompt from scratch (no reuse of the last sequence's caches).")] = False,
+    max_body_bytes: MaxBodyBytesOpt = None,
+    shutdown_timeout: ShutdownTimeoutOpt = 30.0,
+    expose: ExposeOpt = False,
+    *,
+    flags: PairFlags,
+) -> None:
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /health and
+    /metrics, drafting every request with the DFlash drafter."""
+    _need_server_extra()
+    check_range("--port", port, 0, 65535)
+    check_range("--parallel", parallel, 1, MAX_PARALLEL)
+    check_range("--max-queue", max_queue, 0)
+    flags.check()
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key: expected a non-empty key, found ''")
+    if alias is not None and not alias.strip():
+        raise UserError("--alias: expected a non-empty model id, found ''")
+    if max_body_bytes is not None:
+        check_range("--max-body-bytes", max_body_bytes, 1024)
+    if not 0 <= shutdown_timeout <= 24 * 3600:
+        raise UserError(f"--shutdown-timeout: expected seconds in 0..86400, found {shutdown_timeout}")
+    refusal, warning = exposure_problem(host, api_key, expose)
+    if refusal:
+        raise UserError(refusal)
+    if n_max is not None:
+        request_options([n_max])
+    template = read_template(chat_template_file)
+    pair = flags.open_pair()
+    depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
+    (default,) = request_options([depth], pair, flags)
+    depth = default.n_max
+    if flags.threads == 0:
+        flags.threads = max(1, (os.cpu_count() or 1) // parallel)
+
+    import uvicorn
+
+    from ..llama import LlamaError
+    from ..server.app import ServerSettings, create_app
+    from ..server.guards import GracefulServer
+    from ..server.pool import load_pool
+
+    cfg, placement = engine_config(flags, prompt_cache=not no_prompt_cache)
+    sock = bind(host, port)
+    try:
+        try:
+            pool = load_pool(pair.target.path, None, cfg, parallel=parallel, max_queue=max_queue, pair=pair)
+        except LlamaError as e:
+            raise UserError(str(e)) from None
+        settings = ServerSettings(model_id=alias or pair.target.path.name, n_max=depth, api_key=api_key,
+                                  chat_template=template,
+                                  chat_template_source=str(chat_template_file) if chat_template_file else None,
+                                  max_body_bytes=max_body_bytes, prepare_workers=max(2, parallel))
+        try:
+            app = create_app(pool, settings)
+        except BaseException:
+            pool.close()
+            raise
+        bound = sock.getsockname()
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        # plain lines (never wrapped): scripts read the address from them
+        print(f"laguna-run serve: {placement.describe()}; {parallel} slot(s) of {flags.ctx_size} tokens, "
+              f"n_max {depth}, prompt cache {'off' if no_prompt_cache else 'on'}", file=sys.stderr)
+        print(f"laguna-run serve: model id {settings.model_id!r}, listening on http://{shown}:{bound[1]}"
+              f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+        config = uvicorn.Config(app, log_level="info" if flags.verbose else "warning", access_log=flags.verbose,
+                                lifespan="on")
+        server = app.state.server
+
+        def drain() -> None:
+            server.draining = True
+            print(f"laguna-run serve: stopping: no new requests; running ones may finish for {shutdown_timeout:g} s "
+                  "(a second signal exits at once)", file=sys.stderr, flush=True)
+
+        def cut() -> int:
+            n = pool.cut_all()
+            if n:
+                print(f"laguna-run serve: --shutdown-timeout passed: {n} request(s) cut", file=sys.stderr, flush=True)
+            return n
+
+        runner = GracefulServer(config, shutdown_timeout=shutdown_timeout, on_drain=drain, on_cut=cut)
+        runner.run(sockets=[sock])
+    finally:
+        sock.close()
+    if runner.signal is not None:  # stopped by a signal: its conventional exit code (130, 143)
+        raise typer.Exit(128 + runner.signal)

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""Pass time per row count at XS widths: llama-bench builds side by side, interleaved.
+
+A verify of k drafts is one target pass of k+1 rows; what speculation gains on a CPU depends on
+how that pass's time grows with the rows. This runs ``llama-bench -p ROWS -n 0`` for each
+configuration in turn (A, B, C, A, B, C, ...), ``--rounds`` times with ``-r`` repetitions each,
+collects every sample from llama-bench's JSON, and reports per configuration and row count the
+median, min and max ms per pass and the median over the median one-row pass. The statistic
+(median; spread min..max) is fixed here, before any run.
+
+A configuration is ``NAME=BINARY[:LIBDIR][:EXTRA ARGS]``: LIBDIR (optional) is put first on
+LD_LIBRARY_PATH, so one llama-bench binary can run over several builds of libggml-cpu.
+
+    python scripts/bench/bench_rows.py -m ~/.cache/laguna-dflash/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf \\
+        --config "vendored=/work/kbuild/bench/llama-bench:/work/kbuild/libA" \\
+        --config "patched=/work/kbuild/bench/llama-bench:/work/kbuild/libB" \\
+        --config "ik=$HOME/.cache/laguna-dflash/peer/ik_llama.cpp/build/bin/llama-bench" \\
+        --config "ik-rtr=$HOME/.cache/laguna-dflash/peer/ik_llama.cpp/build/bin/llama-bench::-rtr 1" \\
+        --rounds 6 --json rows.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
+from recorded import command_line  # noqa: E402
+
+
+@dataclass
+class Config:
+    name: str
+    binary: str
+    libdir: str
+    extra: list[str]
+
+    @classmethod
+    def parse(cls, spec: str) -> "Config":
+        name, _, rest = spec.partition("=")
+        parts = rest.split(":", 2)
+        binary = os.path.expanduser(parts[0])
+        libdir = parts[1] if len(parts) > 1 else ""
+        extra = shlex.split(parts[2]) if len(parts) > 2 else []
+        if not name or not Path(binary).exists():
+            raise SystemExit(f"--config {spec!r}: expected NAME=BINARY[:LIBDIR][:ARGS] with an existing BINARY")
+        return cls(name, binary, libdir, extra)
+
+
+def run_once(cfg: Config, model: Path, rows: list[int], threads: int, reps: int, fa: int) -> dict[int, list[float]]:
+    env = dict(os.environ)
+    if cfg.libdir:
+        bindir = str(Path(cfg.binary).parent)
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in (bindir, cfg.libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    cmd = [cfg.binary, "-m", str(model), "-p", ",".join(map(str, rows)), "-n", "0", "-t", str(threads),
+           "-r", str(reps), "-fa", str(fa), "-o", "json", *cfg.extra]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{cfg.name}: {shlex.join(cmd)} failed:\n{r.stderr[-2000:]}")
+    out: dict[int, list[float]] = {}
+    for test in json.loads(r.stdout):
+        n = int(test["n_prompt"])
+        out.setdefault(n, []).extend(ns / 1e6 for ns in test["samples_ns"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", type=Path, required=True)
+    ap.add_argument("--config", action="append", required=True, help="NAME=BINARY[:LIBDIR][:EXTRA ARGS]")
+    ap.add_argument("--rows", default="1,2,3,4,5,8,9,16")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds over all configurations")
+    ap.add_argument("--reps", type=int, default=3, help="llama-bench -r per round")
+    ap.add_argument("--fa", type=int, default=1, help="llama-bench -fa (both builds' default resolves to 1)")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--png", type=Path, help="ms per pass and ratio to one row, per configuration")
+    ap.add_argument("--replot", type=Path, help="draw --png from a saved --json instead of running")
+    if argv is None and "--replot" in sys.argv:  # -m and --config are not needed then
+        argv = sys.argv[1:]
+    if argv and "--replot" in argv:
+        r = argparse.ArgumentParser()
+        r.add_argument("--replot", type=Path, required=True)
+        r.add_argument("--png", type=Path, required=True)
+        a = r.parse_args(argv)
+        d = json.loads(a.replot.read_text())
+        configs = [Config(**c) for c in d["configs"]]
+        table = {c: {int(n): e for n, e in t.items()} for c, t in d["table"].items()}
+        plot(a.png, configs, sorted(next(iter(table.values()))), table, d["threads"])
+        return 0
+    args = ap.parse_args(argv)
+    configs = [Config.parse(s) for s in args.config]
+    rows = [int(x) for x in args.rows.split(",")]
+    samples: dict[str, dict[int, list[float]]] = {c.name: {n: [] for n in rows} for c in configs}
+    t0 = time.time()
+    load_avg = [os.getloadavg()]
+    for i in range(args.rounds):
+        for c in configs:
+            for n, v in run_once(c, args.model, rows, args.threads, args.reps, args.fa).items():
+                samples[c.name][n].extend(v)
+        load_avg.append(os.getloadavg())
+        if args.json:  # the samples so far, in case a later round is cut off
+            args.json.with_suffix(".partial.json").write_text(json.dumps(
+                {"rounds_done": i + 1, "load_avg_per_round": load_avg, "samples_ms": samples}))
+        print(f"round {i + 1}/{args.rounds} ({time.time() - t0:.0f} s, load {load_avg[-1][0]:.2f})", flush=True)
+    table = {}
+    for c in configs:
+        base = statistics.median(samples[c.name][1]) if 1 in rows else None
+        table[c.name] = {n: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v),
+                             "n": len(v), "x_one_row": statistics.median(v) / base if base else None}
+                         for n, v in samples[c.name].items()}
+    print("| rows | " + " | ".join(c.name for c in configs) + " |")
+    print("|---|" + "---|" * len(configs))
+    for n in rows:
+        cells = []
+        for c in configs:
+            e = table[c.name][n]
+            ratio = f" ({e['x_one_row']:.2f})" if e["x_one_row"] and n > 1 else ""
+            cells.append(f"{e['median_ms']:.1f}{ratio} [{e['min_ms']:.1f}-{e['max_ms']:.1f}]")
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    if args.json:
+        args.json.write_text(json.dumps({"command": command_line(__file__, argv), "model": str(args.model),
+                                         "threads": args.threads, "load_avg_per_round": load_avg, "wall_s": time.time() - t0,
+                                         "configs": [c.__dict__ for c in configs], "table": table,
+                                         "samples_ms": samples}, indent=1))
+    if args.png:
+        plot(args.png, configs, rows, table, args.threads)
+    return 0
+
+
+def plot(path: Path, configs: list[Config], rows: list[int], table: dict, threads: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for c in configs:
+        t = table[c.name]
+        med = [t[n]["median_ms"] for n in rows]
+        err = [[m - t[n]["min_ms"] for n, m in zip(rows, med)], [t[n]["max_ms"] - m for n, m in zip(rows, med)]]
+        ax1.errorbar(rows, med, yerr=err, marker="o", capsize=3, label=c.name)
+        if t.get(1):
+            ax2.plot(rows, [t[n]["x_one_row"] for n in rows], marker="o", label=c.name)
+    ax1.set(xlabel="rows in the pass", ylabel="ms per pass (median, bars min-max)", title=f"pass time, {threads} thread(s)")
+    ax2.set(xlabel="rows in the pass", ylabel="x the one-row pass", title="growth with rows")
+    for ax in (ax1, ax2):
+        ax.set_xticks(rows)
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The two indexes are complete, and no page points outside the repository.
+
+docs/README.md links every file under docs/ (a result nobody can find is a result lost);
+scripts/README.md lists every script; the README and the pages under docs/ link only files the
+repository holds (a user has nothing outside it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def linked_files(index: Path) -> set[Path]:
+    targets = (t.split("#", 1)[0] for t in LINK.findall(index.read_text()))
+    return {(index.parent / t).resolve() for t in targets if t and "://" not in t and not t.startswith("mailto:")}
+
+
+def test_every_file_under_docs_is_linked_from_its_index():
+    index = REPO / "docs" / "README.md"
+    files = {p.resolve() for p in (REPO / "docs").rglob("*") if p.is_file() and p != index}
+    missing = sorted(str(p.relative_to(REPO)) for p in files - linked_files(index))
+    assert not missing, f"docs/README.md does not link: {', '.join(missing)}"
+
+
+def test_every_script_is_listed_in_the_scripts_index():
+    scripts = REPO / "scripts"
+    files = {p.resolve() for p in scripts.rglob("*") if p.suffix in (".py", ".sh") and p.name != "__init__.py"}
+    missing = sorted(str(p.relative_to(scripts)) for p in files - linked_files(scripts / "README.md"))
+    assert not missing, f"scripts/README.md does not list: {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_a_page_links_only_files_inside_the_repository(page):
+    outside = [t for t in linked_files(page) if not t.is_relative_to(REPO)]
+    dangling = [t for t in linked_files(page) if t.is_relative_to(REPO) and not t.exists()]
+    # a path in backticks that climbs out of the repository (`../shared/...`) is a reference too
+    climbing = re.findall(r"`(\.\./[^`]*)`", page.read_text())
+    assert not (outside or dangling or climbing), \
+        f"{page.relative_to(REPO)}: outside {outside}, missing {dangling}, out of the repository {climbing}"

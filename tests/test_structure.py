@@ -1,0 +1,126 @@
+"""The package's shape: no import cycle among laguna_dflash's modules, one place that rewrites
+a Poolside-layout drafter, and laguna-run's command module split by command."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = {"convert": "laguna_dflash.convert", "runtime": "laguna_dflash.runtime"}
+
+
+def package_modules() -> dict[str, Path]:
+    """Module name -> file, for every .py file of the installed package (convert/, runtime/)."""
+    modules = {}
+    for folder, prefix in ROOTS.items():
+        for f in sorted((REPO / folder).rglob("*.py")):
+            rel = f.relative_to(REPO / folder).with_suffix("")
+            if "assets" in rel.parts:  # prompt files, not code
+                continue
+            parts = [p for p in rel.parts if p != "__init__"]
+            modules[".".join([prefix, *parts])] = f
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package modules ``name`` imports, anywhere in the file (a function-level import
+    closes a cycle as surely as a top-level one, only later)."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            # "from X import name": the submodule X.name when there is one, else X itself
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                return stack[stack.index(m):] + [m]
+            if m not in state:
+                cycle = visit(m)
+                if cycle:
+                    return cycle
+        stack.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            cycle = visit(n)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_import_graph_finder_sees_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_import_graph_sees_relative_and_lazy_imports():
+    modules = package_modules()
+    graph = {n: imports_of(n, p, modules) for n, p in modules.items()}
+    assert "laguna_dflash.runtime.rpc" in graph["laguna_dflash.runtime.llama"]  # inside functions
+    assert "laguna_dflash.runtime.cli.serve" in graph["laguna_dflash.runtime.cli.main"]
+    assert "laguna_dflash.convert.poolside" in graph["laguna_dflash.runtime.open_pair"]
+
+
+def test_no_import_cycle_in_the_package():
+    modules = package_modules()
+    graph = {n: imports_of(n, p, modules) for n, p in modules.items()}
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_one_call_site_rewrites_a_poolside_drafter():
+    calls = []
+    for name, path in package_modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                if getattr(f, "id", None) == "native_drafter_path" or getattr(f, "attr", None) == "native_drafter_path":
+                    calls.append(name)
+    assert calls == ["laguna_dflash.runtime.open_pair"]
+
+
+def test_laguna_run_is_split_by_command():
+    assert not (REPO / "runtime" / "cli.py").exists()
+    for f in (REPO / "runtime" / "cli").glob("*.py"):
+        assert len(f.read_text(encoding="utf-8").splitlines()) < 300, f
+
+
+def test_the_engine_asks_the_drafter_only_what_the_proposer_protocol_lists():
+    from laguna_dflash.runtime.drafter import Drafter
+    from laguna_dflash.runtime.proposer import Proposer
+
+    allowed = {n for n in vars(Proposer) if not n.startswith("_")} | set(Proposer.__annotations__)
+    used = set()
+    for f in ("engine.py", "prompt_cache.py"):
+        for node in ast.walk(ast.parse((REPO / "runtime" / f).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute):
+                owner = node.value
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+                if name in ("drafter", "proposer"):
+                    used.add(node.attr)
+    assert used and used <= allowed, used - allowed
+    assert all(callable(getattr(Drafter, n)) for n in allowed - {"spec"})
