@@ -48,6 +48,7 @@ def bench(
     else:
         depths = [d.strip() for d in n_max.split(",") if d.strip()]
     depths = [o.n_max for o in request_options(depths)]
+    check_outputs({"--json": json_out, "--png": png}, inputs=prompts or ())  # before the prompts are read
     if prompts:
         files = prompts
     elif sweep:

@@ -98,11 +98,12 @@ def run(
     request_options([0 if n_max is None else n_max], sampling=dict(sampling), **request)  # before the pair
     if (prompt is None) == (file is None):
         raise UserError("give the prompt with exactly one of -p TEXT or -f FILE")
-    pair = flags.open_pair()
     stdin = Path("/dev/stdin") if file is not None and str(file) == "-" else file  # -f -: the file behind it
-    outs = check_outputs({"--trace": trace}, inputs=[*pair_inputs(flags, pair), stdin])
+    check_outputs({"--trace": trace}, inputs=[stdin])  # the flag's own mistakes first, then against the models
     if file is not None:
         prompt = assets.read_prompt_text(file)
+    pair = flags.open_pair()
+    outs = check_outputs({"--trace": trace}, inputs=[*pair_inputs(flags, pair), stdin])
     depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
     (opts,) = request_options([depth], pair, flags, sampling=sampling, **request)
     cfg, placement = engine_config(flags)
