@@ -256,8 +256,8 @@ def documented_codes() -> dict[str, int]:
 
 def codes_in_source() -> set[str]:
     found = set()
-    for f in (ROOT / "runtime" / "server").glob("*.py"):
-        found |= set(re.findall(r'code="([a-z_]+)"', f.read_text()))
+    for f in [*(ROOT / "runtime" / "server").glob("*.py"), ROOT / "runtime" / "request.py"]:
+        found |= set(re.findall(r'code(?:: str)? ?= ?"([a-z_]+)"', f.read_text()))
         found |= set(re.findall(r'\d{3}: "([a-z_]+)"', f.read_text()))
     return found
 

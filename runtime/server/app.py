@@ -149,6 +149,7 @@ class Server:
                                     "server with --chat-template-file FILE, or use /v1/completions",
                                param="messages", code="no_chat_template")
             messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            self._check_length(sum(len(m["content"]) for m in messages), "messages")  # templates keep the text
             try:
                 with template_limits.bounded(max_chars=template_limits.chars_for_context(self.n_ctx)):
                     text = self.template.render(messages, add_generation_prompt=True, bos_token=self.bos,
