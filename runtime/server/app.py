@@ -9,8 +9,9 @@ with its ``max_tokens`` 400 (``context_length_exceeded``); a wrong or missing AP
 full queue 503. Responses carry ``usage`` and a llama-server style ``timings`` object with the
 speculative statistics (drafted, accepted, accepted per round, acceptance by position).
 
-Request preparation (chat template, tokenizer) runs in a worker thread and generation in the
-pool's slot threads, so the event loop never waits on llama.cpp.
+Request preparation (chat template, tokenizer) runs in the preparers' threads and generation in
+the pool's slot threads, so the event loop never waits on llama.cpp; bodies, prompts, templates
+and the shutdown are bounded by :mod:`~runtime.server.guards` (docs/server.md, "Limits").
 """
 
 from __future__ import annotations
