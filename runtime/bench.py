@@ -118,7 +118,7 @@ SWEEP_DEPTHS = [1, 2, 4, 8, 15, "auto"]
 SWEEP_CONTENT = ("code", "table", "prose")
 
 
-def plot(result: dict, png) -> None:
+def plot(result: dict, png, format: str | None = None) -> None:
     """Grouped bars: speedup over plain decoding per content kind and depth."""
     import matplotlib
 
@@ -139,5 +139,5 @@ def plot(result: dict, png) -> None:
     ax.set_title(result.get("title", "laguna-run bench"))
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(png)
+    fig.savefig(png, format=format)
     plt.close(fig)

@@ -91,10 +91,10 @@ def _generation_extension():
 
 def _environment():
     from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols, _generation_extension()])
+    from .template_limits import BoundedSandbox
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _generation_extension()])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -265,11 +265,15 @@ class ChatTemplate:
         """The prompt text; the one place a template runs."""
         from jinja2.sandbox import SecurityError
 
+        from .template_limits import TemplateLimitExceeded, render_bounded
+
         context = {**check_template_kwargs(template_kwargs), "messages": chat_messages(messages),
                    "tools": chat_tools(tools), "add_generation_prompt": bool(add_generation_prompt),
                    "bos_token": bos_token, "eos_token": eos_token}
         try:
-            return self._template.render(context)
+            return render_bounded(self._template, context)
+        except TemplateLimitExceeded as e:
+            raise self._error(f"{e} (refused)") from None
         except TemplateRaised as e:
             raise self._error(f"the template refused the conversation: {e}") from None
         except SecurityError as e:

@@ -191,7 +191,11 @@ class Model:
         return buf.value.decode("utf-8", errors="replace")
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate ("\ud800" from JSON, or undecodable argv)
+            raise ValueError(f"text: expected Unicode text, found a lone surrogate U+{ord(text[e.start]):04X} at "
+                             f"character {e.start}") from None
         cap = len(data) + 16
         arr = (ll.llama_token * cap)()
         n = ll.llama_tokenize(self.vocab, data, len(data), arr, cap, add_special, parse_special)

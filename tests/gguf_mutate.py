@@ -142,6 +142,22 @@ class Source:
         pad = -len(head) % self.alignment
         Path(out).write_bytes(head + b"\0" * pad + self.data[self.data_offset:])
 
+    def write_record(self, out: Path, key: str, encoded: bytes, *, replace: bool = True) -> None:
+        """The copy with ``key``'s value replaced by (or, when ``replace`` is false or the key is
+        missing, a new key holding) ``encoded``: a type tag and the value's bytes, as written by
+        :func:`encode_kv` after the key; built in bytes, so values of many megabytes are cheap."""
+        record = encode_string(key) + encoded
+        f = self.fields.get(key) if replace else None
+        if f is not None:
+            head = self.data[:f.start] + record + self.data[f.end:self.ti_end]
+        else:
+            n_kv = struct.unpack_from("<Q", self.data, 16)[0]
+            last = max(x.end for x in self.fields.values())
+            head = (self.data[:16] + struct.pack("<Q", n_kv + 1) + self.data[24:last] + record
+                    + self.data[last:self.ti_end])
+        pad = -len(head) % self.alignment
+        Path(out).write_bytes(head + b"\0" * pad + self.data[self.data_offset:])
+
     def write_without(self, out: Path, key: str) -> None:
         """The copy with ``key`` removed (the header's key count lowered by one)."""
         f = self.fields[key]

@@ -209,7 +209,8 @@ def test_ctrl_c_reports_what_was_done_and_exits_130(pair, tmp_path, json_out):
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
-        while not (trace.exists() and trace.read_text().count("\n") >= 1):
+        # followed live in its partial file, renamed over rounds.jsonl when the run ends
+        while not any(f.read_text().count("\n") >= 1 for f in tmp_path.glob("rounds.jsonl.partial-*")):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no round traced in 180 s"
             time.sleep(0.02)
@@ -220,6 +221,7 @@ def test_ctrl_c_reports_what_was_done_and_exits_130(pair, tmp_path, json_out):
             proc.kill()
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted (Ctrl-C)" in err
+    assert not list(tmp_path.glob("*.partial-*"))
     rounds = [json.loads(line) for line in trace.read_text().splitlines()]  # whole lines only
     assert rounds and rounds[-1]["round"] == len(rounds)
     if json_out:

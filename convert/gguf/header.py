@@ -16,6 +16,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,16 @@ GGML_MAX_DIMS = 4
 #: Bounds on counts, so a corrupt count cannot make us loop for hours (llama.cpp's are looser).
 MAX_KV = 1 << 20
 MAX_TENSORS = 1 << 24
+#: The most tokens a vocabulary may have (the largest published ones have 262k): the tokenizer's
+#: per-token arrays are read into Python objects, dozens of bytes per element, so their length
+#: is bounded by this and then by the vocabulary's own length.
+MAX_VOCAB = 1 << 20
+#: tokenizer arrays with one element per token (merges: at most one per token too, in BPE)
+PER_TOKEN_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
+                    "tokenizer.ggml.merges")
+#: Any other array longer than this is not decoded up front but read from the file when used
+#: (:class:`LazyArray`): the per-layer arrays rules check are far shorter.
+EAGER_ARRAY_MAX = 1 << 16
 
 _SCALARS = {
     GGUFValueType.UINT8: struct.Struct("<B"), GGUFValueType.INT8: struct.Struct("<b"),
@@ -45,7 +56,8 @@ _U64 = struct.Struct("<Q")
 
 @dataclass(frozen=True)
 class Value:
-    """One metadata value with its GGUF type; arrays are lists (strings as raw bytes)."""
+    """One metadata value with its GGUF type; arrays are lists (strings as raw bytes), or a
+    :class:`LazyArray` when long and not a tokenizer's per-token array."""
 
     type: GGUFValueType
     value: object
@@ -57,6 +69,51 @@ class Value:
 
     def type_name(self) -> str:
         return f"{self.sub_type.name} array" if self.is_array and self.sub_type else self.type.name
+
+
+class LazyArray(Sequence):
+    """A long metadata array that nothing reads up front: its length is known, its elements are
+    read from the file on use, one at a time (iteration streams, never holds them all)."""
+
+    def __init__(self, path: Path, key: str, sub_type: GGUFValueType, count: int, start: int) -> None:
+        self.path, self.key, self.sub_type, self.count, self.start = path, key, sub_type, count, start
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            c = _Cursor(self.path, buf, len(buf))
+            c.pos = self.start
+            for i in range(self.count):
+                yield c.value(self.sub_type, f"{self.key}[{i}]").value
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.count))]
+        if index < 0:
+            index += self.count
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        if self.sub_type != GGUFValueType.STRING:  # fixed width: read just that element
+            st = _SCALARS[self.sub_type]
+            with open(self.path, "rb") as f:
+                f.seek(self.start + index * st.size)
+                v = st.unpack(f.read(st.size))[0]
+            return bool(v) if self.sub_type == GGUFValueType.BOOL else v
+        for i, item in enumerate(self):
+            if i == index:
+                return item
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(other) == self.count and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"<{self.count} {self.sub_type.name} elements, read on use>"
 
 
 @dataclass(frozen=True)
@@ -140,6 +197,17 @@ class _Cursor:
         self.pos = pos
         return items
 
+    def _skip_strings(self, n: int, what: str) -> None:
+        buf, size, pos = self.buf, self.size, self.pos
+        length = _U64.unpack_from
+        for i in range(n):
+            ln = length(buf, pos)[0] if pos + 8 <= size else -1
+            if ln < 0 or pos + 8 + ln > size:
+                self.pos = pos
+                self.need(8 + max(ln, 0), f"{what}[{i}]")
+            pos += 8 + ln
+        self.pos = pos
+
     def value(self, vtype: GGUFValueType, what: str) -> Value:
         if vtype == GGUFValueType.STRING:
             return Value(vtype, self.string(what))
@@ -149,10 +217,20 @@ class _Cursor:
         n = self.unpack(_U64, f"the length of {what}")
         if sub == GGUFValueType.ARRAY:
             raise unreadable(self.path, f"{what}: an array of arrays")
+        if what in PER_TOKEN_ARRAYS and n > MAX_VOCAB:
+            raise unreadable(self.path, f"{what}: {n} elements, expected at most {MAX_VOCAB} (one per token)")
+        lazy = n > EAGER_ARRAY_MAX and what not in PER_TOKEN_ARRAYS
         if sub == GGUFValueType.STRING:
             if n * 8 > self.size - self.pos:  # each string has at least its 8-byte length
                 self.need(n * 8, f"{n} strings of {what}")
+            if lazy:
+                start = self.pos
+                self._skip_strings(n, what)
+                return Value(vtype, LazyArray(self.path, what, sub, n, start), sub)
             return Value(vtype, self._strings(n, what), sub)
+        if lazy:
+            start = self.need(n * _SCALARS[sub].size, f"{n} elements of {what}")
+            return Value(vtype, LazyArray(self.path, what, sub, n, start), sub)
         st = _SCALARS[sub]
         start = self.need(n * st.size, f"{n} elements of {what}")
         items = [v[0] for v in struct.iter_unpack(st.format, self.buf[start:start + n * st.size])]
@@ -179,6 +257,18 @@ def read_header(path: Path | str) -> Header:
         raise unreadable(path, str(e)) from None
 
 
+def _check_per_token_arrays(path: Path, fields: dict[str, Value]) -> None:
+    tokens = fields.get(PER_TOKEN_ARRAYS[0])
+    if tokens is None or not tokens.is_array:
+        return
+    n_vocab = len(tokens.value)
+    for key in PER_TOKEN_ARRAYS[1:]:
+        v = fields.get(key)
+        if v is not None and v.is_array and len(v.value) > n_vocab:
+            raise unreadable(path, f"{key}: {len(v.value)} elements, expected at most {n_vocab} "
+                                   f"(one per token of {PER_TOKEN_ARRAYS[0]})")
+
+
 def _parse(path: Path, buf, size: int) -> Header:
     c = _Cursor(path, buf, size)
     magic = bytes(buf[0:4])
@@ -202,6 +292,7 @@ def _parse(path: Path, buf, size: int) -> Header:
         if key in fields:
             raise unreadable(path, f"metadata key {key} appears twice")
         fields[key] = c.value(c.value_type(key), key)
+    _check_per_token_arrays(path, fields)
     alignment = DEFAULT_ALIGNMENT
     if "general.alignment" in fields:
         a = fields["general.alignment"]

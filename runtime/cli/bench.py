@@ -13,9 +13,11 @@ from rich.console import Console
 from ...convert.errors import UserError
 
 from .. import assets
+from ..outputs import GuardedStream, OutputFailed, check_outputs, save_plot, write_text
+from ..prompt_bound import check_prompt_length
 from .interrupt import CtrlC, Interrupted
-from .options import Command, switch, PairFlags, RpcFailed, check_output_path, check_range, engine_config, err, open_engine, \
-    pair_flags, request_options
+from .options import Command, switch, PairFlags, RpcFailed, check_range, engine_config, err, open_engine, \
+    pair_flags, pair_inputs, request_options
 
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
 
@@ -46,14 +48,7 @@ def bench(
     else:
         depths = [d.strip() for d in n_max.split(",") if d.strip()]
     depths = [o.n_max for o in request_options(depths)]
-    if json_out is not None:
-        check_output_path(json_out, "--json")
-    if png is not None:
-        check_output_path(png, "--png")
-        import importlib.util
-
-        if importlib.util.find_spec("matplotlib") is None:
-            raise UserError("--png: needs matplotlib, which is not installed (pip install matplotlib)")
+    check_outputs({"--json": json_out, "--png": png}, inputs=prompts or ())  # before the prompts are read
     if prompts:
         files = prompts
     elif sweep:
@@ -64,6 +59,7 @@ def bench(
     if flags.model is not None and flags.model_draft is None:
         raise UserError("bench compares speculative decoding with plain decoding: give a drafter with -md")
     pair = flags.open_pair()
+    outs = check_outputs({"--json": json_out, "--png": png}, inputs=[*pair_inputs(flags, pair), *files])
     request_options(depths, pair, flags)
     cfg, placement = engine_config(flags, prompt_cache=False)  # each prompt measured from scratch
     engine = open_engine(pair, cfg)
@@ -71,6 +67,9 @@ def bench(
 
     ctrl_c = CtrlC()
     with engine:
+        for name, texts in prompt_sets.items():
+            for text in texts:
+                check_prompt_length(text, engine, flags.ctx_size, f"--prompts {name}")
         try:
             with ctrl_c:
                 result = run_bench(engine, prompt_sets, depths, n_predict, repeats, console=err, should_stop=ctrl_c)
@@ -80,13 +79,26 @@ def bench(
             raise RpcFailed(str(e)) from None
     result["placement"] = placement.describe()
     result["command"] = " ".join(["laguna-run"] + sys.argv[1:])
-    Console().print(bench_table(result))
+    failed: list[OutputFailed] = []  # each output is tried; the first failure is the exit's reason
     if json_out:
-        json_out.write_text(json.dumps(result, indent=2))
-        err.print(f"wrote {json_out}")
+        try:
+            write_text(outs["--json"], json.dumps(result, indent=2), fallback=sys.stderr)
+            err.print(f"wrote {json_out}")
+        except OutputFailed as e:
+            failed.append(e)
     if png and result["rows"]:
-        plot(result, png)
-        err.print(f"wrote {png}")
+        try:
+            save_plot(outs["--png"], lambda f, fmt: plot(result, f, format=fmt))
+            err.print(f"wrote {png}")
+        except OutputFailed as e:
+            failed.append(e)
+    try:
+        Console(file=GuardedStream(sys.stdout)).print(bench_table(result))
+    except OutputFailed as e:
+        Console(stderr=True).print(bench_table(result))
+        failed.append(OutputFailed(f"{e}; the table was written to stderr instead"))
+    if failed:
+        raise failed[0]
     if ctrl_c.requested:
         done = result.get("prompts_measured", {})
         print(f"interrupted (Ctrl-C): the results cover the prompts every depth completed "

@@ -65,6 +65,15 @@ NMaxOpt = Annotated[Optional[str], _flag("--n-max", "--draft-max", show_default=
     "Draft depth per round: 0 = no speculation, 1..15, or 'auto' (tuned online). Default: 4 with a drafter, "
     "0 without."))]
 ThreadsOpt = Annotated[int, _flag("-t", "--threads", help="CPU threads (0: all cores).")]
+# serve's bounds (runtime/server/guards.py)
+MaxBodyBytesOpt = Annotated[Optional[int], _flag("--max-body-bytes", show_default=False, help=(
+    "Largest request body in bytes; a larger one is answered 413 before it is parsed. Default: 1 MiB + 64 bytes "
+    "per context token."))]
+ShutdownTimeoutOpt = Annotated[float, _flag("--shutdown-timeout", help=(
+    "On SIGTERM/SIGINT, seconds running requests may take to finish; then they are cut (a stream ends with a "
+    "finish reason and an error event). A second signal exits at once."))]
+ExposeOpt = Annotated[bool, switch("--expose", help=(
+    "Allow a non-loopback --host without an API key (anyone who can reach the port can use the model)."))]
 
 
 @dataclasses.dataclass
@@ -155,21 +164,15 @@ def check_range(flag: str, value: int, lo: int, hi: int = MAX_SIZE, note: str = 
         raise UserError(f"{flag}: expected {expected}{note}, found {value}")
 
 
-def check_output_path(path: Path, flag: str) -> None:
-    """Refuse, before any work, an output that could not be written at the end."""
-    if path.is_dir():
-        raise UserError(f"{path}: {flag}: expected a file path, found a directory")
-    parent = path.parent
-    if not parent.is_dir():
-        raise UserError(f"{path}: {flag}: expected an existing directory to write into, found no directory {parent}")
-    existed = path.exists()
-    try:  # try it: permission bits do not tell root, read-only mounts or full quotas
-        with open(path, "a"):
-            pass
-    except OSError as e:
-        raise UserError(f"{path}: {flag}: cannot write here ({e.strerror or e})") from None
-    if not existed:
-        path.unlink(missing_ok=True)
+def pair_inputs(flags: PairFlags, pair) -> list[Path]:
+    """Every file a run reads its models from, for runtime/outputs.py: the paths given, the
+    drafter actually used (a Poolside-layout rewrite), the bundled pair's folder without -m."""
+    found = [pair.target.path, flags.model, flags.model_draft]
+    if pair.drafter is not None:
+        found.append(pair.drafter.path)
+    if flags.model is None:
+        found.append(assets.TINY_DIR)
+    return [p for p in found if p is not None]
 
 
 def flag_error(e: RequestError) -> UserError:

@@ -14,11 +14,13 @@ from rich.table import Table
 from ...convert.errors import UserError
 
 from .. import assets
+from ..outputs import GuardedStream, LiveTrace, OutputFailed, check_outputs
+from ..prompt_bound import check_prompt_length
 from .interrupt import CtrlC, Interrupted
 from .chat import ChatTemplateFileOpt, ChatTemplateKwargsOpt, SystemOpt, ThinkOpt, chat_once, chat_template, \
     read_template_file, run_conversation, template_kwargs
-from .options import Command, switch, NMaxOpt, PairFlags, RpcFailed, check_output_path, engine_config, err, open_engine, \
-    pair_flags, request_options
+from .options import Command, switch, NMaxOpt, PairFlags, RpcFailed, engine_config, err, open_engine, pair_flags, \
+    pair_inputs, request_options
 
 SUBCOMMANDS = """Commands (the first argument; run is the default):
 
@@ -127,18 +129,20 @@ def run(
             raise UserError("--trace: one generation's rounds; not with a chat")
     elif (prompt is None) == (file is None):
         raise UserError("give the prompt with exactly one of -p TEXT or -f FILE")
-    if trace is not None:
-        check_output_path(trace, "--trace")
+    stdin = Path("/dev/stdin") if file is not None and str(file) == "-" else file  # -f -: the file behind it
+    check_outputs({"--trace": trace}, inputs=[stdin])  # the flag's own mistakes first, then against the models
     if file is not None:
         prompt = assets.read_prompt_text(file)
     constraint = _constraint(grammar, grammar_file, json_schema, json_schema_file)
     pair = flags.open_pair()
+    outs = check_outputs({"--trace": trace}, inputs=[*pair_inputs(flags, pair), stdin])
     depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
     (opts,) = request_options([depth], pair, flags, sampling=sampling, **request)
     cfg, placement = engine_config(flags)
     engine = open_engine(pair, cfg)
     from ..rpc import RpcError as RpcLost
 
+    out = GuardedStream(sys.stdout)
     with engine:
         if chat:
             from ..chat_session import ChatSession
@@ -154,37 +158,49 @@ def run(
                 raise UserError(str(e)) from None
         if conversation:
             return run_conversation(session, opts, json_out, placement)
-        # line-buffered: a trace can be followed live, and holds whole rounds whenever it stops
-        trace_f = open(trace, "w", encoding="utf-8", buffering=1) if trace else None
+        check_prompt_length(prompt, engine, flags.ctx_size, "-f" if file is not None else "-p")
         ctrl_c = CtrlC()
-        try:
-            opts.should_stop = ctrl_c
-            opts.trace = (lambda r: trace_f.write(json.dumps(r) + "\n")) if trace_f else None
+        # the trace is line-buffered (it can be followed live) and renamed into place at the end
+        with LiveTrace(outs.get("--trace")) as live:
+            opts.should_stop = lambda: ctrl_c() or live.should_stop() or out.failed
+            opts.trace = live.callback
             try:
                 if chat:
                     chat_once(session, prompt, opts, json_out, placement, ctrl_c, stats_table)
                 elif json_out:
                     with ctrl_c:
                         res = engine.generate(prompt, opts)
-                    print(json.dumps({"text": res.text, "tokens": res.tokens, "stop_reason": res.stop_reason,
-                                      "placement": placement.describe(), "stats": res.stats.as_dict()}, indent=2))
+                    text = json.dumps({"text": res.text, "tokens": res.tokens, "stop_reason": res.stop_reason,
+                                       "placement": placement.describe(), "stats": res.stats.as_dict()}, indent=2)
+                    try:
+                        out.write(text + "\n")
+                        out.flush()
+                    except OutputFailed as e:  # the result goes to stderr instead
+                        print(text, file=sys.stderr)
+                        raise OutputFailed(f"{e}; the JSON was written to stderr instead") from None
                 else:
-                    sys.stdout.write(prompt)
+                    def show(text: str) -> None:
+                        try:
+                            out.write(text)
+                            out.flush()
+                        except OutputFailed:  # should_stop ends the generation at its next round;
+                            pass  # the error is reported below, after the stats
+
+                    show(prompt)
                     with ctrl_c:
                         for piece in engine.stream(prompt, opts):
-                            sys.stdout.write(piece)
-                            sys.stdout.flush()
-                    sys.stdout.write("\n")
-                    sys.stdout.flush()
+                            show(piece)
+                    show("\n")
                     err.print(placement.describe(), highlight=False)
                     err.print(stats_table(engine.last_stats))
+                    if out.error is not None:
+                        raise OutputFailed(f"{out.error}; generation stopped there, the stats above cover it")
             except ValueError as e:
                 raise UserError(str(e)) from None
             except RpcLost as e:
                 raise RpcFailed(str(e)) from None
-        finally:
-            if trace_f:
-                trace_f.close()
+        if live.error is not None:
+            raise OutputFailed(f"{live.error}; generation stopped at that round")
     if ctrl_c.requested:
         print("interrupted (Ctrl-C): the stats above cover the tokens generated so far", file=sys.stderr)
         raise Interrupted()

@@ -16,8 +16,10 @@ import typer
 from ...convert.errors import UserError
 
 from .. import assets
+from ..server.guards import exposure_problem
 from .chat import ChatTemplateFileOpt, ChatTemplateKwargsOpt, read_template_file, template_kwargs
-from .options import Command, switch, NMaxOpt, PairFlags, check_range, engine_config, pair_flags, request_options
+from .options import (Command, ExposeOpt, MaxBodyBytesOpt, NMaxOpt, PairFlags, ShutdownTimeoutOpt, check_range,
+                      engine_config, pair_flags, request_options, switch)
 
 ThreadsPerSlotOpt = Annotated[int, typer.Option("-t", "--threads", help=(
     "CPU threads per slot (0: the cores divided among the slots)."))]
@@ -70,6 +72,9 @@ def serve(
     chat_template_file: ChatTemplateFileOpt = None,
     chat_template_kwargs: ChatTemplateKwargsOpt = None,
     no_prompt_cache: Annotated[bool, switch("--no-prompt-cache", help="Prefill every prompt from scratch (no reuse of the last sequence's caches).")] = False,
+    max_body_bytes: MaxBodyBytesOpt = None,
+    shutdown_timeout: ShutdownTimeoutOpt = 30.0,
+    expose: ExposeOpt = False,
     *,
     flags: PairFlags,
 ) -> None:
@@ -84,6 +89,13 @@ def serve(
         raise UserError("--api-key: expected a non-empty key, found ''")
     if alias is not None and not alias.strip():
         raise UserError("--alias: expected a non-empty model id, found ''")
+    if max_body_bytes is not None:
+        check_range("--max-body-bytes", max_body_bytes, 1024)
+    if not 0 <= shutdown_timeout <= 24 * 3600:
+        raise UserError(f"--shutdown-timeout: expected seconds in 0..86400, found {shutdown_timeout}")
+    refusal, warning = exposure_problem(host, api_key, expose)
+    if refusal:
+        raise UserError(refusal)
     if n_max is not None:
         request_options([n_max])
     template = read_template_file(chat_template_file)
@@ -99,6 +111,7 @@ def serve(
 
     from ..llama import LlamaError
     from ..server.app import ServerSettings, create_app
+    from ..server.guards import GracefulServer
     from ..server.pool import load_pool
 
     cfg, placement = engine_config(flags, prompt_cache=not no_prompt_cache)
@@ -110,7 +123,8 @@ def serve(
             raise UserError(str(e)) from None
         settings = ServerSettings(model_id=alias or pair.target.path.name, n_max=depth, api_key=api_key,
                                   chat_template=template, chat_template_kwargs=default_kwargs,
-                                  chat_template_source=str(chat_template_file) if chat_template_file else None)
+                                  chat_template_source=str(chat_template_file) if chat_template_file else None,
+                                  max_body_bytes=max_body_bytes, prepare_workers=max(2, parallel))
         try:
             app = create_app(pool, settings)
         except BaseException:
@@ -123,8 +137,26 @@ def serve(
               f"n_max {depth}, prompt cache {'off' if no_prompt_cache else 'on'}", file=sys.stderr)
         print(f"laguna-run serve: model id {settings.model_id!r}, listening on http://{shown}:{bound[1]}"
               f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
         config = uvicorn.Config(app, log_level="info" if flags.verbose else "warning", access_log=flags.verbose,
-                                lifespan="on", timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run(sockets=[sock])
+                                lifespan="on")
+        server = app.state.server
+
+        def drain() -> None:
+            server.draining = True
+            print(f"laguna-run serve: stopping: no new requests; running ones may finish for {shutdown_timeout:g} s "
+                  "(a second signal exits at once)", file=sys.stderr, flush=True)
+
+        def cut() -> int:
+            n = pool.cut_all()
+            if n:
+                print(f"laguna-run serve: --shutdown-timeout passed: {n} request(s) cut", file=sys.stderr, flush=True)
+            return n
+
+        runner = GracefulServer(config, shutdown_timeout=shutdown_timeout, on_drain=drain, on_cut=cut)
+        runner.run(sockets=[sock])
     finally:
         sock.close()
+    if runner.signal is not None:  # stopped by a signal: its conventional exit code (130, 143)
+        raise typer.Exit(128 + runner.signal)

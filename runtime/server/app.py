@@ -15,8 +15,9 @@ with its ``max_tokens`` 400 (``context_length_exceeded``); a wrong or missing AP
 full queue 503. Responses carry ``usage`` and a llama-server style ``timings`` object with the
 speculative statistics (drafted, accepted, accepted per round, acceptance by position).
 
-Request preparation (chat template, tokenizer) runs in a worker thread and generation in the
-pool's slot threads, so the event loop never waits on llama.cpp.
+Request preparation (chat template, tokenizer) runs in the preparers' threads and generation in
+the pool's slot threads, so the event loop never waits on llama.cpp; bodies, prompts, templates
+and the shutdown are bounded by :mod:`~runtime.server.guards` (docs/server.md, "Limits").
 """
 
 from __future__ import annotations
@@ -38,9 +39,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ...convert.errors import UserError
 
+from .. import template_limits
 from ..chat_template import TEMPLATE_KEY, ChatTemplate
 from ..conversation import ChatTurn, end_of_turn_tokens, finish_reason, merge_template_kwargs, response_message
-from ..request import GenerateOptions, RequestError, check_context, context_room, sampling_params
+from ..request import CONTEXT_MARGIN, GenerateOptions, RequestError, check_context, context_room, sampling_params
+from .guards import BodyLimitMiddleware, PreparePool, default_max_body_bytes, lone_surrogate
 from .pool import BackendLost, Job, PoolClosed, QueueFull, SlotPool
 from .schemas import (ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                       GenerationFields, TokenizeRequest)
@@ -80,6 +83,8 @@ class ServerSettings:
     chat_template_source: str | None = None  # names the template in errors
     chat_template_kwargs: dict | None = None  # defaults for every request's chat_template_kwargs
     close_pool_on_shutdown: bool = True
+    max_body_bytes: int | None = None  # None: guards.default_max_body_bytes(n_ctx)
+    prepare_workers: int = 2  # threads rendering templates and tokenizing
 
 
 class ApiKeyMiddleware:
@@ -132,35 +137,47 @@ class Server:
             source = str(self.target.path)
         self.template = ChatTemplate(text, source or "chat template") if text else None
         self.end_tokens = end_of_turn_tokens(self.target)
+        from ..prompt_bound import longest_token_bytes
+
+        self.longest_token = longest_token_bytes(self.target.path)
+        self.max_body_bytes = settings.max_body_bytes or default_max_body_bytes(self.n_ctx)
+        self.preparing = PreparePool(settings.prepare_workers, max_waiting=pool.max_queue + len(pool.slots))
+        self.draining = False  # a signal came: no new requests
 
     # ------------------------------------------------------------------ preparation (a thread)
 
     def _check_common(self, body: GenerationFields) -> None:
         if body.n not in (None, 1):
-            raise ApiError(400, f"n: expected 1 (one choice per request), found {body.n}", param="n")
+            raise ApiError(400, f"n: expected 1 (one choice per request), found {body.n}", param="n",
+                           code="invalid_value")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(body, name)
             if value not in (None, 0, 0.0):
                 raise ApiError(400, f"{name}: expected 0 (OpenAI's additive penalties have no exact counterpart "
-                                    f"here; use repeat_penalty), found {value}", param=name)
+                                    f"here; use repeat_penalty), found {value}", param=name, code="invalid_value")
 
     def _prompt_tokens(self, body) -> tuple[list[int], ChatTurn | None]:
         if isinstance(body, ChatCompletionRequest):
             turn = self.chat_turn(body)
+            self._check_length(len(turn.prompt), "messages")
             # a template that writes the BOS itself must not get a second one
             return self.target.tokenize(turn.prompt, add_special=not (self.bos and turn.prompt.startswith(self.bos)),
                                         parse_special=True), turn
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
-                raise ApiError(400, f"prompt: expected one prompt per request, found {len(prompt)}", param="prompt")
+                raise ApiError(400, f"prompt: expected one prompt per request, found {len(prompt)}", param="prompt",
+                               code="invalid_value")
             prompt = prompt[0]
         if isinstance(prompt, str):
+            self._check_length(len(prompt), "prompt")
             return self.target.tokenize(prompt, add_special=True, parse_special=True), None
         n_vocab = self.target.n_vocab
         bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
         if bad is not None:
-            raise ApiError(400, f"prompt: expected token ids in 0..{n_vocab - 1}, found {bad}", param="prompt")
+            raise ApiError(400, f"prompt: expected token ids in 0..{n_vocab - 1}, found {bad}", param="prompt",
+                           code="invalid_value")
+        self._check_length(len(prompt), "prompt", tokens=True)
         return list(prompt), None
 
     def chat_turn(self, body: ChatCompletionRequest, add_generation_prompt: bool = True) -> ChatTurn:
@@ -170,19 +187,43 @@ class Server:
             raise ApiError(400, f"{self.target.path.name} has no chat template ({TEMPLATE_KEY}): start the "
                                 "server with --chat-template-file FILE, or use /v1/completions",
                            param="messages", code="no_chat_template")
+        # templates keep the messages' text: what cannot fit is refused before the template runs
+        self._check_length(sum(len(m.content) if isinstance(m.content, str) else sum(len(p.text) for p in m.content)
+                               for m in body.messages if m.content is not None), "messages")
         try:
-            return ChatTurn.render(
-                self.template, [m.template_fields() for m in body.messages],
-                tools=[t.template_fields() for t in body.tools or ()], tool_choice=body.tool_choice,
-                parallel_tool_calls=body.parallel_tool_calls,
-                template_kwargs=merge_template_kwargs(self.settings.chat_template_kwargs, body.chat_template_kwargs),
-                add_generation_prompt=add_generation_prompt, bos_token=self.bos, eos_token=self.eos)
+            with template_limits.bounded(max_chars=template_limits.chars_for_context(self.n_ctx)):
+                return ChatTurn.render(
+                    self.template, [m.template_fields() for m in body.messages],
+                    tools=[t.template_fields() for t in body.tools or ()], tool_choice=body.tool_choice,
+                    parallel_tool_calls=body.parallel_tool_calls,
+                    template_kwargs=merge_template_kwargs(self.settings.chat_template_kwargs, body.chat_template_kwargs),
+                    add_generation_prompt=add_generation_prompt, bos_token=self.bos, eos_token=self.eos)
         except UserError as e:
+            if TEMPLATE_KEY in str(e):  # the template itself failed or was stopped by its bounds
+                raise ApiError(400, str(e), param="messages", code="template_error") from None
             field = re.match(r"[a-z_]+", str(e))
             raise ApiError(400, str(e), param=field.group() if field and field.group() in CHAT_PARAMS
-                           else "messages") from None
+                           else "messages", code="invalid_value") from None
+
+    def _check_length(self, n: int, param: str, tokens: bool = False) -> None:
+        """Refuse, before tokenizing it, a prompt that cannot fit the context (prompt_bound)."""
+        from ..prompt_bound import min_tokens
+
+        least = n if tokens else min_tokens(n, self.longest_token)
+        if least > self.n_ctx - CONTEXT_MARGIN:
+            raise ApiError(400, f"this model's context is {self.n_ctx} tokens; the prompt needs at least {least} "
+                                f"({n} {'tokens' if tokens else 'characters'}): shorten it", param=param,
+                           code="context_length_exceeded")
+
+    def _check_text(self, body) -> None:
+        found = lone_surrogate(body.model_dump(exclude_none=True))
+        if found is not None:
+            where, index, char = found
+            raise ApiError(400, f"{where}: expected Unicode text, found a lone surrogate U+{ord(char):04X} at "
+                                f"character {index}", param=where, code="invalid_value")
 
     def prepare(self, body) -> tuple[list[int], GenerateOptions, int | str, ChatTurn | None]:
+        self._check_text(body)
         self._check_common(body)
         chat = isinstance(body, ChatCompletionRequest)
         max_tokens = (body.max_completion_tokens if chat and body.max_completion_tokens is not None
@@ -252,15 +293,22 @@ class Server:
         if isinstance(value, BackendLost):
             return ApiError(503, f"backend lost: {value}", type="server_error", code="backend_lost")
         if isinstance(value, ValueError):
-            return ApiError(400, str(value))
-        return ApiError(500, f"generation failed: {value}", type="server_error")
+            return ApiError(400, str(value), code="invalid_value")
+        return ApiError(500, f"generation failed: {value}", type="server_error", code="internal_error")
 
     async def run(self, request: Request, body, endpoint: str):
+        if self.draining:
+            raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
         try:
-            tokens, options, depth, turn = await asyncio.to_thread(self.prepare, body)
+            tokens, options, depth, turn = await self.preparing.run(self.prepare, body)
         except ApiError:
             self.pool.metrics.inc("laguna_requests_total", endpoint=endpoint, outcome="bad_request")
             raise
+        except PreparePool.Full:
+            self.pool.metrics.inc("laguna_requests_total", endpoint=endpoint, outcome="queue_full")
+            raise ApiError(503, f"all {self.preparing.workers} request preparers are busy and the queue is full: try "
+                                "again later", type="server_error", code="queue_full",
+                           headers={"Retry-After": "1"}) from None
         job = Job(tokens, options, stream=body.stream, endpoint=endpoint)
         try:
             self.pool.submit(job)
@@ -361,6 +409,14 @@ class Server:
                                     "usage": self.usage(value.stats)})
                 else:
                     err = self._outcome_error(kind, value)
+                    if self.draining and (kind == "done" or isinstance(value, PoolClosed)):
+                        # cut by the shutdown: a finish reason (the text is incomplete), then why
+                        last = self._chunk(endpoint, rid, created, None, finish="length")
+                        if kind == "done":
+                            last["usage"] = self.usage(value.stats)
+                        yield _sse(last)
+                        err = ApiError(503, "the server is shutting down: this response was cut short",
+                                       type="server_error", code="shutting_down")
                     yield _sse(error_body(err.message, err.type, err.param, err.code))
                 break
             yield {"data": "[DONE]"}
@@ -428,6 +484,7 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
+        server.preparing.close()
         if settings.close_pool_on_shutdown:
             await asyncio.to_thread(pool.close)
 
@@ -447,12 +504,14 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind,
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", type=kind, code=code,
                         headers=getattr(exc, "headers", None)).response()
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
-        return ApiError(500, f"internal error: {exc.__class__.__name__}", type="server_error").response()
+        return ApiError(500, f"internal error: {exc.__class__.__name__}", type="server_error",
+                        code="internal_error").response()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -464,13 +523,13 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
 
     @app.post("/apply-template")
     async def apply_template(body: ApplyTemplateRequest):
-        turn = await asyncio.to_thread(server.chat_turn, body, body.add_generation_prompt)
+        turn = await server.preparing.run(server.chat_turn, body, body.add_generation_prompt)
         return {"prompt": turn.prompt}
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         target = server.target
-        tokens = await asyncio.to_thread(target.tokenize, body.content, body.add_special, body.parse_special)
+        tokens = await server.preparing.run(target.tokenize, body.content, body.add_special, body.parse_special)
         if not body.with_pieces:
             return {"tokens": tokens}
         pieces = []
@@ -504,14 +563,23 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        status = {**pool.status(), **server.preparing.status()}
         if pool.backend_lost is not None:
-            return JSONResponse({"status": "error", "error": pool.backend_lost, **pool.status()}, status_code=503)
-        return {"status": "ok", **pool.status()}
+            return JSONResponse({"status": "error", "error": pool.backend_lost, **status}, status_code=503)
+        if server.draining:
+            return JSONResponse({"status": "shutting_down", **status}, status_code=503)
+        if status["prepare_stuck"] >= status["prepare_workers"]:
+            return JSONResponse({"status": "error", "error": "every request preparer is stuck", **status},
+                                status_code=503)
+        return {"status": "degraded" if status["prepare_stuck"] else "ok", **status}
 
     @app.get("/metrics")
     async def metrics():
         return PlainTextResponse(pool.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    # the last added runs first: the key is checked before a body is read
+    app.add_middleware(BodyLimitMiddleware, max_bytes=server.max_body_bytes,
+                       error_response=lambda status, message, code: ApiError(status, message, code=code).response())
     if settings.api_key:
         app.add_middleware(ApiKeyMiddleware, key=settings.api_key)
     return app

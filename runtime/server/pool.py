@@ -185,6 +185,22 @@ class SlotPool:
             self._update_gauges()
         self._finish(job, "cancelled")
 
+    def cut_all(self) -> int:
+        """The server stops: every waiting job ends with PoolClosed, every running one at its next
+        round (stop reason ``interrupted``); the slots stay open. Returns how many were cut."""
+        with self._lock:
+            waiting = list(self._waiting)
+            self._waiting.clear()
+            running = [s.job for s in self.slots if s.job is not None and not s.job.finished]
+            self._update_gauges()
+        for job in waiting:
+            job.cancel()
+            self._finish(job, "cancelled")
+            job._put(("error", PoolClosed()))
+        for job in running:
+            job.cancel()
+        return len(waiting) + len(running)
+
     def status(self) -> dict:
         with self._lock:
             return {"slots": len(self.slots), "slots_idle": len(self._idle), "queue": len(self._waiting)}
