@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .request import RequestError
+from .errors import RequestError
 from .sampling import Sampler, SamplingParams
 
 #: A grammar or schema text larger than this is refused before it is parsed.

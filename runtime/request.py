@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Integral
 
+from .errors import RequestError
 from .sampling import SamplingError, SamplingParams
 from .tuner import DepthPolicy
 
@@ -25,19 +26,6 @@ from .tuner import DepthPolicy
 CONTEXT_MARGIN = 16
 #: stop strings per request (OpenAI allows 4; llama-server any number)
 MAX_STOPS = 16
-
-
-class RequestError(ValueError):
-    """A request field out of its rules: ``field`` (the request's name for it), what was
-    expected, what was found, and a machine-readable ``code`` (the server's)."""
-
-    def __init__(self, field: str, expected: str, found: object, code: str = "invalid_value") -> None:
-        self.field, self.expected, self.found, self.code = field, expected, found, code
-        super().__init__(self.render(field))
-
-    def render(self, name: str) -> str:
-        """The one-line message with the field called ``name`` (a flag, a JSON parameter)."""
-        return f"{name}: expected {self.expected}, found {self.found!r}"
 
 
 @dataclass(frozen=True)
