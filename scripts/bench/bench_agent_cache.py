@@ -1,6 +1,6 @@
 """How much of an agent loop's prompt the prompt cache holds, turn by turn.
 
-    python scripts/bench_agent_cache.py --json docs/agent-cache.json
+    python scripts/bench/bench_agent_cache.py --json docs/agent-cache.json
 
 An OpenAI-style agent loop re-sends the whole conversation each turn: the server renders it
 again with the chat template, so turn k's prompt is turn k-1's prompt, its reply as the
@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from recorded import command_line
-from scripted_model import scripted
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(1, str(ROOT / "scripts"))  # scripts/: recorded.py and scripted_model.py
+from recorded import command_line  # noqa: E402
+from scripted_model import scripted  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "tests" / "fixtures" / "laguna-2.1-chat-template.jinja"
 
 TOOLS = [
