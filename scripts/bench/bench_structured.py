@@ -110,12 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all cores)")
     args = ap.parse_args(argv)
     clock = ConstraintClock()
     rng = random.Random(args.seed)
     configs = {"spec": (args.depth, False), "spec+c": (args.depth, True), "plain": (0, False), "plain+c": (0, True)}
     per_rep = []
-    with Engine.load(assets.TINY_TARGET, assets.converted_tiny_drafter(), EngineConfig(n_ctx=2048)) as eng:
+    with Engine.load(assets.TINY_TARGET, assets.converted_tiny_drafter(), EngineConfig(n_ctx=2048, n_threads=args.threads)) as eng:
         for prompt, c in PROMPTS:  # compile every constraint once, outside the timed runs
             constraint_mod.compile_constraint(c, eng.target)
         for _, c in PROMPTS[:2]:  # warm-up
