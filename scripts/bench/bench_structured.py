@@ -84,6 +84,7 @@ class ConstraintClock:
     def __init__(self) -> None:
         self.total = 0.0
         self.calls = defaultdict(int)
+        self.depth = 0  # only the outermost call is timed (the methods call each other)
         cls = constraint_mod.Matcher
         for name in self.METHODS:
             self._wrap(cls, name)
@@ -93,12 +94,15 @@ class ConstraintClock:
         clock = self
 
         def timed(*a, **kw):
+            clock.depth += 1
             t0 = time.perf_counter()
             try:
                 return inner(*a, **kw)
             finally:
-                clock.total += time.perf_counter() - t0
-                clock.calls[name] += 1
+                clock.depth -= 1
+                if clock.depth == 0:
+                    clock.total += time.perf_counter() - t0
+                    clock.calls[name] += 1
 
         setattr(cls, name, timed)
 
