@@ -84,6 +84,7 @@ class ConstraintClock:
     def __init__(self) -> None:
         self.total = 0.0
         self.calls = defaultdict(int)
+        self.depth = 0  # only the outermost call is timed (the methods call each other)
         cls = constraint_mod.Matcher
         for name in self.METHODS:
             self._wrap(cls, name)
@@ -93,12 +94,15 @@ class ConstraintClock:
         clock = self
 
         def timed(*a, **kw):
+            clock.depth += 1
             t0 = time.perf_counter()
             try:
                 return inner(*a, **kw)
             finally:
-                clock.total += time.perf_counter() - t0
-                clock.calls[name] += 1
+                clock.depth -= 1
+                if clock.depth == 0:
+                    clock.total += time.perf_counter() - t0
+                    clock.calls[name] += 1
 
         setattr(cls, name, timed)
 
@@ -110,12 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-t", "--threads", type=int, default=0, help="CPU threads (0: all cores)")
     args = ap.parse_args(argv)
     clock = ConstraintClock()
     rng = random.Random(args.seed)
     configs = {"spec": (args.depth, False), "spec+c": (args.depth, True), "plain": (0, False), "plain+c": (0, True)}
     per_rep = []
-    with Engine.load(assets.TINY_TARGET, assets.converted_tiny_drafter(), EngineConfig(n_ctx=2048)) as eng:
+    with Engine.load(assets.TINY_TARGET, assets.converted_tiny_drafter(), EngineConfig(n_ctx=2048, n_threads=args.threads)) as eng:
         for prompt, c in PROMPTS:  # compile every constraint once, outside the timed runs
             constraint_mod.compile_constraint(c, eng.target)
         for _, c in PROMPTS[:2]:  # warm-up
