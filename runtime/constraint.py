@@ -25,7 +25,7 @@ import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -69,6 +69,7 @@ class Constraint:
     user gave it (a flag, a request field), used in every error message."""
 
     kind: str  # "json_schema" | "json_object" | "grammar" | "tool_calls"
+    is_output_constraint: ClassVar[bool] = True  # what runtime/request.py checks
     source: Any = None
     strict: bool = True
     field: str = "constraint"
@@ -176,6 +177,8 @@ def tokenizer_for(model) -> Vocabulary:
 class CompiledConstraint:
     """A constraint compiled for one target: ``matcher()`` gives a fresh :class:`Matcher` per
     generation (a copy of the compiled one: microseconds)."""
+
+    is_output_constraint = True
 
     def __init__(self, constraint: Constraint, grammar: str, vocabulary: Vocabulary, n_vocab: int) -> None:
         import llguidance

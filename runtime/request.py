@@ -110,13 +110,11 @@ def check_end_tokens(value: object) -> tuple[int, ...]:
 
 
 def check_constraint(value: object):
-    """A Constraint or a CompiledConstraint (compiled against a target by the engine, or before
-    by a front end that wants the refusal early: runtime.constraint.compile_constraint)."""
+    """A runtime.constraint.Constraint, or one compiled for the target (compile_constraint), by
+    their marker: this module sits below runtime/constraint.py, which builds on RequestError."""
     if value is None:
         return None
-    from .constraint import CompiledConstraint, Constraint
-
-    if not isinstance(value, (Constraint, CompiledConstraint)):
+    if not getattr(value, "is_output_constraint", False):
         raise RequestError("constraint", "a runtime.constraint.Constraint", type(value).__name__)
     return value
 
