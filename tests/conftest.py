@@ -21,3 +21,19 @@ def tiny_target() -> dict[str, Path]:
     if not (out / "fingerprint").exists():
         gen.build_all(out)
     return {"hf": out / "hf", "gguf": out / "tiny-laguna-f32.gguf", "reference": out / "reference.npz"}
+
+
+@pytest.fixture(scope="module")
+def models():
+    """The bundled pair loaded once per test module: the target Model, the converted drafter's
+    path and its Model (the server tests build slots and reference engines over them)."""
+    from laguna_dflash.convert.poolside import native_drafter_path
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.llama import Model
+
+    target = Model(assets.TINY_TARGET)
+    drafter_path = native_drafter_path(assets.converted_tiny_drafter(), target.path)
+    drafter = Model(drafter_path)
+    yield target, drafter_path, drafter
+    drafter.close()
+    target.close()

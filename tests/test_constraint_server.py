@@ -15,12 +15,9 @@ openai = pytest.importorskip("openai")
 pydantic = pytest.importorskip("pydantic")
 pytest.importorskip("fastapi")
 
-from laguna_dflash.convert.poolside import native_drafter_path  # noqa: E402
-from laguna_dflash.runtime import assets  # noqa: E402
 from laguna_dflash.runtime.chat_template import ChatTemplate  # noqa: E402
 from laguna_dflash.runtime.constraint import Constraint  # noqa: E402
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions  # noqa: E402
-from laguna_dflash.runtime.llama import Model  # noqa: E402
 from server_harness import TEMPLATE, LiveServer, make_pool  # noqa: E402
 
 
@@ -31,16 +28,6 @@ class Settings(pydantic.BaseModel):
 
 
 MESSAGES = [{"role": "user", "content": "import json\n\n# the settings, as JSON\nSETTINGS = "}]
-
-
-@pytest.fixture(scope="module")
-def models():
-    target = Model(assets.TINY_TARGET)
-    drafter_path = native_drafter_path(assets.converted_tiny_drafter(), target.path)
-    drafter = Model(drafter_path)
-    yield target, drafter_path, drafter
-    drafter.close()
-    target.close()
 
 
 @pytest.fixture(scope="module")

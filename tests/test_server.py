@@ -23,26 +23,14 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from laguna_dflash.convert.poolside import native_drafter_path  # noqa: E402
 from laguna_dflash.runtime import assets  # noqa: E402
 from laguna_dflash.runtime.chat_template import ChatTemplate  # noqa: E402
 from laguna_dflash.runtime.cli import main as cli_main  # noqa: E402
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions  # noqa: E402
-from laguna_dflash.runtime.llama import Model  # noqa: E402
 from server_harness import TEMPLATE, LiveServer, make_pool  # noqa: E402
 
 PROMPTS = [p[:160] for p in assets.read_prompts(assets.CODE_PROMPTS)]
 LOOPING = "def fib(n):\n"  # the bundled target's greedy answer runs 1500 tokens without an end (".0.0.0...")
-
-
-@pytest.fixture(scope="module")
-def models():
-    target = Model(assets.TINY_TARGET)
-    drafter_path = native_drafter_path(assets.converted_tiny_drafter(), target.path)
-    drafter = Model(drafter_path)
-    yield target, drafter_path, drafter
-    drafter.close()
-    target.close()
 
 
 @pytest.fixture(scope="module")

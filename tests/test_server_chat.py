@@ -19,10 +19,7 @@ pytest.importorskip("fastapi")
 
 from laguna_chat import (HEAD, TEMPLATE_TEXT, TOOL_HISTORY, TOOL_HISTORY_RENDER, WEATHER_TOOL,  # noqa: E402
                          laguna_template)
-from laguna_dflash.convert.poolside import native_drafter_path  # noqa: E402
 from laguna_dflash.runtime.chat import message_from_deltas  # noqa: E402
-from laguna_dflash.runtime import assets  # noqa: E402
-from laguna_dflash.runtime.llama import Model  # noqa: E402
 from scripted_model import scripted  # noqa: E402
 from server_harness import LiveServer, make_pool  # noqa: E402
 
@@ -30,16 +27,6 @@ OK = [{"role": "user", "content": "Reply with OK."}]
 CALL = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
         "<arg_value>2</arg_value></tool_call>")
 THINKING = {"enable_thinking": True}
-
-
-@pytest.fixture(scope="module")
-def models():
-    target = Model(assets.TINY_TARGET)
-    drafter_path = native_drafter_path(assets.converted_tiny_drafter(), target.path)
-    drafter = Model(drafter_path)
-    yield target, drafter_path, drafter
-    drafter.close()
-    target.close()
 
 
 @pytest.fixture(scope="module")

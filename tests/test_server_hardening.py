@@ -21,27 +21,15 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from laguna_dflash.convert.poolside import native_drafter_path  # noqa: E402
-from laguna_dflash.runtime import assets, template_limits  # noqa: E402
+from laguna_dflash.runtime import template_limits  # noqa: E402
 from laguna_dflash.runtime.cli import main as cli_main  # noqa: E402
 from laguna_dflash.runtime.engine import Engine, EngineConfig  # noqa: E402
-from laguna_dflash.runtime.llama import Model  # noqa: E402
 from laguna_dflash.runtime.server.guards import PreparePool, exposure_problem, lone_surrogate  # noqa: E402
 from server_harness import TEMPLATE, LiveServer, make_pool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPING = "def fib(n):\n"  # the bundled target's greedy answer runs 1500 tokens without an end
 SLOW_TEMPLATE = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
-
-
-@pytest.fixture(scope="module")
-def models():
-    target = Model(assets.TINY_TARGET)
-    drafter_path = native_drafter_path(assets.converted_tiny_drafter(), target.path)
-    drafter = Model(drafter_path)
-    yield target, drafter_path, drafter
-    drafter.close()
-    target.close()
 
 
 def post(s, path, body, **headers):

@@ -24,11 +24,9 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-from laguna_dflash.convert.poolside import native_drafter_path  # noqa: E402
 from laguna_dflash.runtime import assets  # noqa: E402
 from laguna_dflash.runtime.chat_template import ChatTemplate  # noqa: E402
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions  # noqa: E402
-from laguna_dflash.runtime.llama import Model  # noqa: E402
 from server_harness import TEMPLATE  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,16 +48,6 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS")
-
-
-@pytest.fixture(scope="module")
-def models():
-    target = Model(assets.TINY_TARGET)
-    drafter_path = native_drafter_path(assets.converted_tiny_drafter(), target.path)
-    drafter = Model(drafter_path)
-    yield target, drafter_path, drafter
-    drafter.close()
-    target.close()
 
 
 def prompts() -> tuple[list[str], list[list[dict]]]:
