@@ -183,7 +183,8 @@ class _Cursor:
         v = self.unpack(_SCALARS[vtype], what)
         return bool(v) if vtype == GGUFValueType.BOOL else v
 
-    def _strings(self, n: int, what: str) -> list[bytes]:
+    def _strings(self, n: int, what: str, keep: bool = True) -> list[bytes]:
+        """The next ``n`` strings (``keep=False``: only stepped over, bounds still checked)."""
         # the hot loop of a vocabulary: no per-item message formatting, one bounds check each
         buf, size, pos, items = self.buf, self.size, self.pos, []
         length = _U64.unpack_from
@@ -192,21 +193,11 @@ class _Cursor:
             if ln < 0 or pos + 8 + ln > size:
                 self.pos = pos
                 self.need(8 + max(ln, 0), f"{what}[{i}]")
-            items.append(bytes(buf[pos + 8:pos + 8 + ln]))
+            if keep:
+                items.append(bytes(buf[pos + 8:pos + 8 + ln]))
             pos += 8 + ln
         self.pos = pos
         return items
-
-    def _skip_strings(self, n: int, what: str) -> None:
-        buf, size, pos = self.buf, self.size, self.pos
-        length = _U64.unpack_from
-        for i in range(n):
-            ln = length(buf, pos)[0] if pos + 8 <= size else -1
-            if ln < 0 or pos + 8 + ln > size:
-                self.pos = pos
-                self.need(8 + max(ln, 0), f"{what}[{i}]")
-            pos += 8 + ln
-        self.pos = pos
 
     def value(self, vtype: GGUFValueType, what: str) -> Value:
         if vtype == GGUFValueType.STRING:
@@ -225,7 +216,7 @@ class _Cursor:
                 self.need(n * 8, f"{n} strings of {what}")
             if lazy:
                 start = self.pos
-                self._skip_strings(n, what)
+                self._strings(n, what, keep=False)
                 return Value(vtype, LazyArray(self.path, what, sub, n, start), sub)
             return Value(vtype, self._strings(n, what), sub)
         if lazy:
