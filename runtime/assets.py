@@ -12,6 +12,10 @@ PACKAGE = Path(__file__).resolve().parent
 TINY_DIR = PACKAGE / "assets" / "laguna-tiny"
 TINY_TARGET = TINY_DIR / "Laguna-Tiny-target-Q8_0.gguf"
 TINY_DRAFTER_HF = TINY_DIR / "Laguna-Tiny-DFlash"
+#: the agent pair: speaks Laguna 2.1's chat format and calls tools (scripts/train_agent_pair.py)
+AGENT_DIR = PACKAGE / "assets" / "laguna-tiny-agent"
+AGENT_TARGET = AGENT_DIR / "Laguna-Tiny-Agent-target-Q8_0.gguf"
+AGENT_DRAFTER_HF = AGENT_DIR / "Laguna-Tiny-Agent-DFlash"
 PROMPTS_DIR = PACKAGE / "assets" / "prompts"
 CODE_PROMPTS = PROMPTS_DIR / "code.txt"
 
@@ -20,35 +24,49 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LAGUNA_DFLASH_CACHE", Path.home() / ".cache" / "laguna-dflash"))
 
 
-def tiny_drafter_digest() -> str:
-    """Short digest of the shipped HF drafter's files: names converted copies by content."""
+def drafter_digest(drafter_hf: Path = TINY_DRAFTER_HF) -> str:
+    """Short digest of a shipped HF drafter's files: names converted copies by content."""
     import hashlib
 
     h = hashlib.sha256()
-    for f in sorted(TINY_DRAFTER_HF.glob("*")):
+    for f in sorted(drafter_hf.glob("*")):
         h.update(f.name.encode() + f.read_bytes())
     return h.hexdigest()[:12]
 
 
-def converted_tiny_drafter(outtype: str = "q8_0") -> Path:
-    """The shipped HF drafter converted with laguna-gguf convert, once per checkpoint content."""
+def converted_drafter(drafter_hf: Path, target: Path, outtype: str = "q8_0") -> Path:
+    """A shipped HF drafter converted with laguna-gguf convert, once per checkpoint content."""
     from ..convert import converter
     from ..convert.poolside import layout_version
     from ..convert.target import read_target
 
     # keyed by the converter's code too: a cached file from before a layout change (e.g. the
     # pre-FFN norm's name) would still load here but not in ik_llama.cpp
-    out = cache_dir() / "demo" / f"Laguna-Tiny-DFlash-{outtype}-{tiny_drafter_digest()}-{layout_version()}.gguf"
+    out = cache_dir() / "demo" / f"{drafter_hf.name}-{outtype}-{drafter_digest(drafter_hf)}-{layout_version()}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        converter.convert(TINY_DRAFTER_HF, read_target(TINY_TARGET), out, converter.OutType(outtype))
+        converter.convert(drafter_hf, read_target(target), out, converter.OutType(outtype))
     return out
 
 
-def default_pair(drafter: Path | None) -> tuple[Path, Path | None]:
-    if not TINY_TARGET.exists():
-        raise UserError(f"{TINY_TARGET}: the bundled demo target is missing; give -m TARGET.gguf")
-    return TINY_TARGET, drafter or converted_tiny_drafter()
+def converted_tiny_drafter(outtype: str = "q8_0") -> Path:
+    return converted_drafter(TINY_DRAFTER_HF, TINY_TARGET, outtype)
+
+
+def converted_agent_drafter(outtype: str = "q8_0") -> Path:
+    return converted_drafter(AGENT_DRAFTER_HF, AGENT_TARGET, outtype)
+
+
+#: the pairs that run without -m, by --bundled name: (folder, target, drafter converter)
+BUNDLED = {"code": (TINY_DIR, TINY_TARGET, converted_tiny_drafter),
+           "agent": (AGENT_DIR, AGENT_TARGET, converted_agent_drafter)}
+
+
+def default_pair(drafter: Path | None, bundled: str = "code") -> tuple[Path, Path | None]:
+    _, target, convert = BUNDLED[bundled]
+    if not target.exists():
+        raise UserError(f"{target}: the bundled {bundled} target is missing; give -m TARGET.gguf")
+    return target, drafter or convert()
 
 
 #: the prompt "file" that is standard input

@@ -49,7 +49,7 @@ def judged(clock: str, workload: str) -> Judgement:
 @pytest.mark.parametrize("clock", RECORDINGS)
 def test_the_recording_is_of_the_shipped_drafter(clock):
     rec = Recording.load(RECORDINGS[clock])
-    assert rec.drafter_digest == assets.tiny_drafter_digest(), (
+    assert rec.drafter_digest == assets.drafter_digest(), (
         "the shipped drafter changed: run python scripts/bench/record_acceptance.py --out " + str(RECORDINGS["busy"]))
     assert set(rec.workloads) >= {"code", "prose", "degraded"}
     assert len(rec.round_s) == 16 and rec.round_s[0] < rec.round_s[1] < rec.round_s[15]

@@ -82,6 +82,9 @@ class PairFlags:
 
     model: ModelOpt = None
     model_draft: DraftOpt = None
+    bundled: Annotated[str, _flag("--bundled", help=(
+        "The bundled pair that runs without -m: code (laguna-tiny: completes Python) or agent "
+        "(laguna-tiny-agent: Laguna 2.1's chat format, calls tools)."))] = "code"
     ctx_size: Annotated[int, _flag("-c", "--ctx-size", help="Context size (tokens) of both contexts.")] = 4096
     batch_size: Annotated[int, _flag("-b", "--batch-size", help="Prompt chunk size (n_batch).")] = 512
     ubatch_size: Annotated[int, _flag("-ub", "--ubatch-size", help=(
@@ -115,6 +118,8 @@ class PairFlags:
         check_range("-b/--batch-size", self.batch_size, 1)
         check_range("-ub/--ubatch-size", self.ubatch_size, 0, note=" (0: fit the sliding window)")
         check_range("-t/--threads", self.threads, 0, MAX_THREADS, " (0: all cores)")
+        if self.bundled not in assets.BUNDLED:
+            raise UserError(f"--bundled: expected one of {', '.join(assets.BUNDLED)}, found {self.bundled!r}")
         if self.cache_type not in ("f16", "f32"):
             raise UserError(f"--cache-type: expected f16 or f32, found {self.cache_type!r}")
 
@@ -125,7 +130,7 @@ class PairFlags:
 
         model, draft = self.model, self.model_draft
         if model is None:
-            model, draft = assets.default_pair(draft)
+            model, draft = assets.default_pair(draft, self.bundled)
         return resolve_pair(model, draft)
 
 
@@ -171,7 +176,7 @@ def pair_inputs(flags: PairFlags, pair) -> list[Path]:
     if pair.drafter is not None:
         found.append(pair.drafter.path)
     if flags.model is None:
-        found.append(assets.TINY_DIR)
+        found.append(assets.BUNDLED[flags.bundled][0])
     return [p for p in found if p is not None]
 
 

@@ -50,7 +50,7 @@ def degraded_drafter(mix: float, seed: int = 0) -> Path:
     from laguna_dflash.runtime import assets
 
     out = (assets.cache_dir() / "demo"
-           / f"Laguna-Tiny-DFlash-degraded{mix:g}-s{seed}-q8_0-{assets.tiny_drafter_digest()}.gguf")
+           / f"Laguna-Tiny-DFlash-degraded{mix:g}-s{seed}-q8_0-{assets.drafter_digest()}.gguf")
     if out.exists():
         return out
     gen = torch.Generator().manual_seed(seed)

@@ -203,7 +203,7 @@ def main(argv=None) -> int:
             "prose": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "prose.txt")),
             "table": (shipped, assets.read_prompts(assets.PROMPTS_DIR / "table.txt"))}
     result = {"command": command_line(__file__, argv),
-              "drafter_digest": assets.tiny_drafter_digest(), "n_predict": args.n_predict,
+              "drafter_digest": assets.drafter_digest(), "n_predict": args.n_predict,
               "degrade": args.degrade, "placement": placement.describe(), "workloads": {}}
     if args.lengths_from:
         earlier = json.loads(args.lengths_from.read_text())

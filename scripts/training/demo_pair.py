@@ -222,7 +222,7 @@ def capture_hooks(model, layer_ids, store: list):
 # ------------------------------------------------------------------------------------ target
 
 
-def grow_depth(small, n_layer: int, seed: int):
+def grow_depth(small, n_layer: int, seed: int, config_for=None):
     """A deeper target that computes exactly what ``small`` computes.
 
     Old layer ``i`` moves to position ``stride * i`` (``stride = n_layer // n_small``, so layer
@@ -238,7 +238,7 @@ def grow_depth(small, n_layer: int, seed: int):
     if stride * n_small != n_layer:
         raise ValueError(f"cannot grow {n_small} layers to {n_layer}")
     torch.manual_seed(seed)
-    big = LagunaForCausalLM(LagunaConfig(**target_config(n_layer))).float()
+    big = LagunaForCausalLM(LagunaConfig(**(config_for or target_config)(n_layer))).float()
     src = small.state_dict()
     dst = big.state_dict()
     placed = {stride * i: i for i in range(n_small)}
@@ -258,7 +258,8 @@ def grow_depth(small, n_layer: int, seed: int):
 
 
 def train_lm(args, log: Log, model, stream: np.ndarray, steps: int, lr: float, batch: int, seq: int,
-             seed: int, phase: str):
+             seed: int, phase: str, starts: np.ndarray | None = None):
+    """Next-token training on windows of ``stream``: random ones, or ones beginning at ``starts``."""
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8, fused=True)
@@ -270,8 +271,8 @@ def train_lm(args, log: Log, model, stream: np.ndarray, steps: int, lr: float, b
     with progress(log) as prog:
         task = prog.add_task(phase, total=steps, info="")
         for step in range(steps):
-            starts = rng.integers(0, len(stream) - seq - 1, batch)
-            x = torch.from_numpy(np.stack([stream[s:s + seq] for s in starts]).astype(np.int64))
+            picked = rng.integers(0, len(stream) - seq - 1, batch) if starts is None else rng.choice(starts, batch)
+            x = torch.from_numpy(np.stack([stream[s:s + seq] for s in picked]).astype(np.int64))
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps, lr, warmup)
             out = model(input_ids=x, labels=x, output_router_logits=True)
@@ -428,12 +429,13 @@ def drafter_block_logits(drafter, ctx_feats, anchors, blocks, embed, lm_head):
     return torch.nn.functional.linear(drafter.norm(x), lm_head)
 
 
-def train_drafter(args, log: Log, target, seqs, feats, plens, out_dir: Path):
+def train_drafter(args, log: Log, target, seqs, feats, plens, out_dir: Path,
+                  name: str = "laguna-dflash/Laguna-Tiny-DFlash"):
     import torch
     from laguna_dflash.convert.synthetic import drafter_config_dict
     from training.torch_drafter import LagunaDFlashDrafter
 
-    cfg = drafter_config_dict(**DRAFTER_KW, name_or_path="laguna-dflash/Laguna-Tiny-DFlash")
+    cfg = drafter_config_dict(**DRAFTER_KW, name_or_path=name)
     torch.manual_seed(args.seed + 2)
     drafter = LagunaDFlashDrafter(cfg).float()
     gen = torch.Generator().manual_seed(args.seed + 2)

@@ -85,8 +85,11 @@ def corpus_files(limit: int = 40) -> list[Path]:
     return files[:limit]
 
 
-def build_tokenizer(out_dir: Path, vocab_size: int, files: list[Path] | None = None) -> None:
-    """Byte-level BPE (GPT-2 pre-tokenizer) with the Laguna-style specials at fixed ids."""
+def build_tokenizer(out_dir: Path, vocab_size: int, files: list[Path] | None = None,
+                    specials: list[str] = SPECIAL_TOKENS, texts: list[str] | None = None,
+                    chat_template: str | None = None) -> None:
+    """Byte-level BPE (GPT-2 pre-tokenizer) with the Laguna-style specials at fixed ids (a
+    special's id is its index in ``specials``); trained on ``files`` plus ``texts``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -95,23 +98,25 @@ def build_tokenizer(out_dir: Path, vocab_size: int, files: list[Path] | None = N
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    texts = [p.read_text(encoding="utf-8", errors="replace") for p in (files or corpus_files())]
-    tok.train_from_iterator(texts, trainer=trainer)
+    corpus = [p.read_text(encoding="utf-8", errors="replace") for p in (files or corpus_files())] + (texts or [])
+    tok.train_from_iterator(corpus, trainer=trainer)
     if tok.get_vocab_size() != vocab_size:
         raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, wanted {vocab_size}")
     assert tok.token_to_id(MASK_TOKEN) == MASK_TOKEN_ID
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token=SPECIAL_TOKENS[EOS_TOKEN_ID],
-        eos_token=SPECIAL_TOKENS[EOS_TOKEN_ID],
-        pad_token=SPECIAL_TOKENS[0],
-        unk_token=SPECIAL_TOKENS[1],
+        bos_token=specials[EOS_TOKEN_ID],
+        eos_token=specials[EOS_TOKEN_ID],
+        pad_token=specials[0],
+        unk_token=specials[1],
         mask_token=MASK_TOKEN,
     )
+    if chat_template is not None:
+        fast.chat_template = chat_template
     fast.save_pretrained(out_dir)
 
 

@@ -1,0 +1,10 @@
+#!/usr/bin/env python3
+"""Train the bundled agent pair (runtime/assets/laguna-tiny-agent/): see training/agent_pair.py.
+
+    python scripts/train_agent_pair.py [--reuse-target] [--threads 2]
+"""
+
+from training.agent_pair import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Train the bundled agent pair: a small Laguna target that speaks Laguna 2.1's chat format and
+calls tools, and its DFlash drafter.
+
+    python scripts/train_agent_pair.py                 # writes runtime/assets/laguna-tiny-agent/
+
+The recipe of the code pair (``scripts/training/demo_pair.py``: same architecture, sizes, two-stage
+growth and drafter training, whose functions this reuses), on other data:
+
+1. synthetic agent conversations (``agent_tasks.py``): tasks over the standard library solved with
+   the tools of ``examples/agent_tools.py`` run for real, thinking on and off, one to three tasks
+   per conversation, rendered with Laguna 2.1's own chat template; plus a share of stdlib code
+   windows (tool results are code);
+2. a byte-level BPE tokenizer whose special tokens sit at Laguna's ids (``〈|EOS|〉`` 2, MASK 12,
+   ``<think>`` 18, ``</think>`` 19, ``<assistant>`` 23, ``</assistant>`` 24, ``<tool_call>`` 25,
+   ``</tool_call>`` 26); ``<system>``, ``<user>``, ``<arg_key>`` and the rest are plain text, BPE-split,
+   as in the real vocabulary; the template goes into the GGUF as ``tokenizer.chat_template``;
+3. training windows start at conversation starts (the system prompt and tool list in view, as at
+   inference); the drafter learns the target's own greedy continuations of conversation prefixes
+   that end where an assistant turn begins (reasoning, tool calls, answers: what an agent decodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from laguna_dflash.runtime import assets
+
+from . import agent_tasks as at
+from . import demo_pair as dp
+from . import tiny_target as tt
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE_FILE = REPO / "tests" / "fixtures" / "laguna-2.1-chat-template.jinja"
+DEFAULT_OUT = assets.AGENT_DIR
+TARGET_GGUF = assets.AGENT_TARGET.name
+DRAFTER_DIR = assets.AGENT_DRAFTER_HF.name
+EOT_TOKEN_ID = 24
+
+#: Laguna's special-token ids (reference §1); the free slots below 32 are reserved specials
+LAGUNA_SPECIALS = {0: "〈|PAD|〉", 1: "〈|UNK|〉", 2: "〈|EOS|〉", 12: tt.MASK_TOKEN, 18: "<think>", 19: "</think>",
+                   23: "<assistant>", 24: "</assistant>", 25: "<tool_call>", 26: "</tool_call>"}
+SPECIALS = [LAGUNA_SPECIALS.get(i, f"〈|RESERVED_{i}|〉") for i in range(32)]
+
+TARGET_CONFIG = {**dp.TARGET_CONFIG, "eos_token_id": [tt.EOS_TOKEN_ID, EOT_TOKEN_ID], "max_position_embeddings": 16384}
+
+
+def target_config(n_layer: int) -> dict:
+    return {**dp.target_config(n_layer), "eos_token_id": TARGET_CONFIG["eos_token_id"],
+            "max_position_embeddings": TARGET_CONFIG["max_position_embeddings"]}
+
+
+def render(template, messages: list[dict], thinking: bool) -> str:
+    return template.render(messages, tools=at.TOOLS, add_generation_prompt=False,
+                           template_kwargs={"enable_thinking": thinking})
+
+
+def assistant_prefixes(template, messages: list[dict], thinking: bool) -> list[str]:
+    """The prompt text an agent sends before each assistant message (generation prompt included)."""
+    out = []
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            out.append(template.render(messages[:i], tools=at.TOOLS, add_generation_prompt=True,
+                                       template_kwargs={"enable_thinking": thinking}))
+    return out
+
+
+def agent_stream(tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Conversations back to back (each begins with 〈|EOS|〉 from the template) and their starts."""
+    parts, starts, n = [], [], 0
+    for t in texts:
+        ids = tok(t, add_special_tokens=False)["input_ids"]
+        starts.append(n)
+        parts.append(np.asarray(ids, dtype=np.int32))
+        n += len(ids)
+    return np.concatenate(parts), np.asarray(starts)
+
+
+def build_drafter_data(args, log, model, tok, prefixes: list[str], layer_ids):
+    """The target's greedy continuations of assistant-turn prompts, cut to a few fixed lengths
+    (their last P tokens) so a batch stacks, with the captured states."""
+    import torch
+
+    rng = np.random.default_rng(args.seed + 1)
+    encoded = [tok(p, add_special_tokens=False)["input_ids"] for p in prefixes]
+    lengths = [192, 320, 448]
+    n_batches = args.drafter_seqs // args.gen_batch
+    seqs, feats, plens = [], [], []
+    with dp.progress(log) as prog:
+        task = prog.add_task("target answers", total=n_batches, info="")
+        for b in range(n_batches):
+            P = lengths[b % len(lengths)]
+            pool = [e for e in encoded if len(e) >= P]
+            chosen = rng.choice(len(pool), args.gen_batch, replace=False)
+            prompts = torch.tensor([pool[i][-P:] for i in chosen])
+            full = dp.greedy_continue(model, prompts, args.gen)
+            h = dp.capture(model, full, layer_ids)
+            for i in range(full.shape[0]):
+                seqs.append(full[i].numpy().astype(np.int32))
+                feats.append(h[i].to(torch.bfloat16))
+                plens.append(P)
+            prog.update(task, advance=1, info=f"prompt {P} + {args.gen}")
+            log.plain(f"generated batch {b + 1}/{n_batches} (prompt {P} + {args.gen})")
+    return seqs, feats, plens
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default: %(default)s)")
+    ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: the cache)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--conversations", type=int, default=3000, help="synthetic training conversations")
+    ap.add_argument("--code-share", type=float, default=0.2, help="share of training windows that are stdlib code")
+    ap.add_argument("--stage1-layers", type=int, default=8)
+    ap.add_argument("--stage1-steps", type=int, default=700)
+    ap.add_argument("--stage2-steps", type=int, default=120)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr2", type=float, default=1.5e-3)
+    ap.add_argument("--drafter-steps", type=int, default=1800)
+    ap.add_argument("--drafter-lr", type=float, default=2e-3)
+    ap.add_argument("--drafter-seqs", type=int, default=384)
+    ap.add_argument("--gen", type=int, default=96, help="greedy tokens per continuation")
+    ap.add_argument("--gen-batch", type=int, default=16)
+    ap.add_argument("--drafter-seqs-per-step", type=int, default=4)
+    ap.add_argument("--anchors", type=int, default=32)
+    ap.add_argument("--train-block", type=int, default=8)
+    ap.add_argument("--row-decay", type=float, default=0.8)
+    ap.add_argument("--norm-spread", type=float, default=1.0)
+    ap.add_argument("--n-predict", type=int, default=64, help="tokens per held-out prompt in the estimate")
+    ap.add_argument("--reuse-target", action="store_true", help="load the target trained by an earlier run from --work")
+    args = ap.parse_args(argv)
+
+    import torch
+    import transformers
+    from transformers import AutoTokenizer, LagunaConfig, LagunaForCausalLM
+
+    from laguna_dflash.runtime.chat_template import ChatTemplate
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    transformers.logging.set_verbosity_error()
+    out: Path = args.out
+    work: Path = args.work or assets.cache_dir() / "train-agent-pair"
+    hf_dir = work / "target-hf"
+    out.mkdir(parents=True, exist_ok=True)
+    hf_dir.mkdir(parents=True, exist_ok=True)
+    log = dp.Log(out / "train_log.json")
+    log.record.update(args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                      machine=f"{platform.machine()}, {os.cpu_count()} CPUs", python=platform.python_version(),
+                      torch=torch.__version__, transformers=transformers.__version__,
+                      target_config=TARGET_CONFIG,
+                      drafter_kwargs={**dp.DRAFTER_KW, "target_layer_ids": list(dp.DRAFTER_KW["target_layer_ids"])})
+
+    template_text = TEMPLATE_FILE.read_text()
+    template = ChatTemplate(template_text, TEMPLATE_FILE)
+    t0 = time.time()
+    convs = at.conversations(args.conversations, args.seed)
+    texts = [render(template, m, "reasoning_content" in m[1]) for m, _ in convs]
+    log.info(f"{len(texts)} training conversations rendered in {time.time() - t0:.0f} s")
+    held = at.conversations(60, args.seed + 99, held_out=True)
+
+    code_files = dp.training_files()
+    if not args.reuse_target:
+        tt.build_tokenizer(hf_dir, dp.VOCAB, code_files, specials=SPECIALS, texts=texts[:800],
+                           chat_template=template_text)
+    tok = AutoTokenizer.from_pretrained(hf_dir)
+    for i, s in LAGUNA_SPECIALS.items():
+        assert tok.convert_tokens_to_ids(s) == i, (s, i)
+    stream, conv_starts = agent_stream(tok, texts)
+    code = []
+    for p in code_files:
+        code += tok(dp.read(p), add_special_tokens=False)["input_ids"] + [tt.EOS_TOKEN_ID]
+    code = np.asarray(code, dtype=np.int32)
+    n_code = int(len(conv_starts) * args.code_share / (1 - args.code_share))
+    rng = np.random.default_rng(args.seed)
+    code_starts = len(stream) + rng.integers(0, len(code) - args.seq - 1, n_code)
+    conv_starts = conv_starts[conv_starts < len(stream) - args.seq - 1]
+    joined = np.concatenate([stream, code])
+    starts = np.concatenate([conv_starts, code_starts])
+    held_stream, _ = agent_stream(tok, [render(template, m, "reasoning_content" in m[1]) for m, _ in held])
+    log.record["corpus"] = {"conversations": len(texts), "agent_tokens": int(len(stream)), "code_tokens": int(len(code)),
+                            "code_windows_share": args.code_share, "heldout_conversations": len(held),
+                            "heldout_tokens": int(len(held_stream))}
+    log.info(f"corpus: {len(texts)} conversations, {len(stream):,} tokens (mean {len(stream) / len(texts):.0f}); "
+             f"code {len(code):,} tokens; held out {len(held)} conversations")
+
+    if args.reuse_target:
+        target = LagunaForCausalLM.from_pretrained(hf_dir).float().eval()
+        prev = json.loads((out / "train_log.json").read_text()) if (out / "train_log.json").exists() else {}
+        log.record["target"] = prev.get("target", {})
+    else:
+        torch.manual_seed(args.seed)
+        small = LagunaForCausalLM(LagunaConfig(**target_config(args.stage1_layers))).float()
+        l1 = dp.train_lm(args, log, small, joined, args.stage1_steps, args.lr, args.batch, args.seq, args.seed,
+                         "target stage 1", starts=starts)
+        h1 = dp.eval_loss(small, held_stream, args.seq)
+        log.info(f"stage 1: train loss (avg20) {np.mean(l1[-20:]):.3f}, held-out conversations {h1:.3f}")
+        target = dp.grow_depth(small, dp.N_LAYER, args.seed + 10, config_for=target_config)
+        l2 = dp.train_lm(args, log, target, joined, args.stage2_steps, args.lr2, args.batch, args.seq, args.seed + 1,
+                         "target stage 2", starts=starts)
+        h2 = dp.eval_loss(target, held_stream, args.seq)
+        log.info(f"stage 2: train loss (avg20) {np.mean(l2[-20:]):.3f}, held-out conversations {h2:.3f}")
+        log.record["target"] = {"parameters": sum(p.numel() for p in target.parameters()),
+                                "stage1_steps": args.stage1_steps, "stage2_steps": args.stage2_steps,
+                                "tokens": (args.stage1_steps + args.stage2_steps) * args.batch * args.seq,
+                                "stage1_heldout_loss": round(h1, 4), "final_train_loss_avg20": round(float(np.mean(l2[-20:])), 4),
+                                "heldout_loss": round(h2, 4)}
+        target.save_pretrained(hf_dir, safe_serialization=True)
+        tok.save_pretrained(hf_dir)
+        log.record["target_seconds"] = round(time.time() - log.t0, 1)
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    log.info("converting the target to GGUF (Q8_0)")
+    tt.convert_to_gguf(hf_dir, out / TARGET_GGUF, "q8_0")
+    tdir = out / "tokenizer"
+    tdir.mkdir(exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (hf_dir / f).exists():
+            shutil.copy2(hf_dir / f, tdir / f)
+    log.save()
+
+    ids = list(dp.DRAFTER_KW["target_layer_ids"])
+    prefixes = [p for m, _ in convs[:600] for p in assistant_prefixes(template, m, "reasoning_content" in m[1])]
+    t_data = time.time()
+    seqs, feats, plens = build_drafter_data(args, log, target, tok, prefixes, ids)
+    log.record["drafter_data_seconds"] = round(time.time() - t_data, 1)
+    drafter = dp.train_drafter(args, log, target, seqs, feats, plens, out / DRAFTER_DIR,
+                               name="laguna-dflash/Laguna-Tiny-Agent-DFlash")
+    held_prefixes = [p for m, _ in held[:12] for p in assistant_prefixes(template, m, "reasoning_content" in m[1])]
+    est = dp.estimate_acceptance(target, drafter, tok, held_prefixes[:12], ids, args.n_predict)
+    log.record["acceptance"] = est
+    log.info(f"held-out estimate (n_max 4, {est['prompts']} assistant turns): mean accepted per round "
+             f"{est['mean_accepted_per_round']:.2f}, by depth {est['accepted_at_depth']}")
+    log.record["command"] = "python scripts/train_agent_pair.py" + "".join(
+        f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    log.save()
+    log.info(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
