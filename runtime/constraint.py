@@ -627,12 +627,25 @@ class ConstrainedSampler(Sampler):
 
 
 def constraint_from_request(response_format: dict | None = None, grammar: str | None = None,
-                            json_schema: Any = None, *, after_reasoning: bool = False) -> Constraint | None:
+                            json_schema: Any = None, *, forced_call: Constraint | None = None,
+                            after_reasoning: bool = False) -> Constraint | None:
     """The constraint of an OpenAI-style request: ``response_format`` (``text``, ``json_object``,
     ``json_schema`` with ``schema`` and ``strict``; llama-server also reads ``schema`` beside
     ``json_object``) or llama-server's top-level ``grammar`` (GBNF) and ``json_schema`` fields.
     None when the request asks for none; ConstraintError naming the field for a bad one, or for
-    two at once."""
+    two at once.
+
+    ``forced_call`` is a chat request's ``tool_choice`` constraint (:func:`tool_choice_constraint`):
+    it decides the whole output. ``response_format`` shapes a text answer, which a forced call
+    leaves none of, so it is not applied (vLLM's rule: a client may send both, as OpenAI accepts
+    them); ``grammar`` and ``json_schema`` constrain the whole output and are refused beside it
+    (llama-server's rule for a grammar with tools)."""
+    if forced_call is not None:
+        clash = next((name for name, value in (("grammar", grammar), ("json_schema", json_schema))
+                      if value is not None), None)
+        if clash is not None:
+            raise ConstraintError(clash, "none beside tool_choice 'required' or a named function", f"a {clash}")
+        return forced_call
     if response_format is not None and not isinstance(response_format, dict):
         raise ConstraintError("response_format", "an object", type(response_format).__name__)
     if response_format is not None and response_format.get("type", "text") == "text":
@@ -674,9 +687,9 @@ def constraint_from_request(response_format: dict | None = None, grammar: str | 
 def tool_choice_constraint(tools: Sequence[dict] | None, tool_choice: Any, *, parallel_tool_calls: bool = True,
                            after_reasoning: bool = False) -> Constraint | None:
     """The constraint of a chat request's ``tool_choice``: None for ``auto``/``none``/absent,
-    tool calls in Laguna's markup for ``required`` or a named function (one call). The server's
-    chat path wires it in one line: ``options.constraint = tool_choice_constraint(body.tools,
-    body.tool_choice, parallel_tool_calls=...)``."""
+    tool calls in Laguna's markup for ``required`` or a named function (one call). A chat turn
+    builds it (``ChatTurn.constraint``); the server passes it to :func:`constraint_from_request`
+    as ``forced_call``."""
     if tool_choice in (None, "auto", "none"):
         return None
     if not tools:

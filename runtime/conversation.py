@@ -26,7 +26,7 @@ from .chat_template import ChatTemplate
 #: the texts of the tokens that end an assistant turn in Laguna's template, besides what
 #: llama.cpp marks end-of-generation in the GGUF (Laguna's generation_config: eos [2, 24])
 END_OF_TURN = ("</assistant>", "〈|EOS|〉")
-TOOL_CHOICES = ("auto", "none")
+TOOL_CHOICES = ("auto", "none", "required")
 
 
 def end_of_turn_tokens(model) -> tuple[int, ...]:
@@ -39,16 +39,19 @@ def end_of_turn_tokens(model) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def check_tool_choice(tool_choice: Any) -> str:
-    """``auto`` (also for None) or ``none``; ``required`` and a named function need output
-    constrained to the call format, which this server does not do yet."""
+def check_tool_choice(tool_choice: Any) -> str | dict[str, Any]:
+    """``auto`` (also for None), ``none``, ``required``, or a named function as OpenAI writes it,
+    ``{"type": "function", "function": {"name": NAME}}`` (returned in that form). Whether the
+    name is among the request's tools is the constraint's to say (runtime/constraint.py)."""
     if tool_choice is None:
         return "auto"
-    if tool_choice in TOOL_CHOICES:
+    if isinstance(tool_choice, str) and tool_choice in TOOL_CHOICES:
         return tool_choice
-    found = tool_choice if isinstance(tool_choice, str) else "a named function"
-    raise UserError(f"tool_choice: expected 'auto' or 'none' ('required' and a named function need structured "
-                    f"output, which this server does not have yet), found {found!r}")
+    function = tool_choice.get("function") if isinstance(tool_choice, Mapping) else None
+    if isinstance(function, Mapping) and tool_choice.get("type") == "function" and isinstance(function.get("name"), str):
+        return {"type": "function", "function": {"name": function["name"]}}
+    raise UserError("tool_choice: expected 'auto', 'none', 'required' or {'type': 'function', 'function': "
+                    f"{{'name': NAME}}}}, found {tool_choice!r}")
 
 
 def finish_reason(stop_reason: str, tool_calls: bool) -> str:
@@ -76,7 +79,7 @@ class ChatTurn:
     prompt: str
     tools: tuple[dict[str, Any], ...] = ()
     reasoning: bool = False  # the prompt leaves the output inside reasoning
-    tool_calls: bool = True  # False: tool_choice "none", <tool_call> is text
+    tool_choice: str | dict[str, Any] = "auto"  # as check_tool_choice returns it
     parallel_tool_calls: bool = True
 
     @classmethod
@@ -87,8 +90,21 @@ class ChatTurn:
         choice = check_tool_choice(tool_choice)
         prompt = template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                  bos_token=bos_token, eos_token=eos_token, template_kwargs=template_kwargs)
-        return cls(prompt, tuple(tools or ()), starts_in_reasoning(prompt), choice != "none",
-                   parallel_tool_calls is not False)
+        return cls(prompt, tuple(tools or ()), starts_in_reasoning(prompt), choice, parallel_tool_calls is not False)
+
+    @property
+    def tool_calls(self) -> bool:
+        """Whether ``<tool_call>`` blocks are read as calls (not for ``tool_choice: "none"``)."""
+        return self.tool_choice != "none"
+
+    def constraint(self):
+        """The output constraint ``tool_choice`` asks for: Laguna's call markup for ``required``
+        (one call with ``parallel_tool_calls: false``) or a named function (one call), after
+        the reasoning when the prompt leaves the output inside it; None for ``auto``/``none``."""
+        from .constraint import tool_choice_constraint
+
+        return tool_choice_constraint(self.tools, self.tool_choice, parallel_tool_calls=self.parallel_tool_calls,
+                                      after_reasoning=self.reasoning)
 
     def parser(self) -> ResponseParser:
         return ResponseParser(self.tools, self.reasoning, tool_calls=self.tool_calls,

@@ -11,6 +11,11 @@ speculation included (few drafts are accepted: the drafter predicts the real tar
     with scripted(target) as script:
         script.say("Need the weather.</think><tool_call>get_weather<arg_key>city</arg_key>...")
         ... a request to the server or a CLI run ...
+
+Under an output constraint (``tool_choice: "required"``, a JSON schema) the script leads and
+the target follows: each scripted token must be one the constraint allows (else ValueError),
+and after the script the target's own choices continue under the constraint, so a script of
+reasoning up to ``</think>`` shows what the target writes where the constraint takes over.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import contextlib
 import threading
 from collections import deque
 
+from laguna_dflash.runtime import constraint as constraint_module
 from laguna_dflash.runtime import engine as engine_module
 from laguna_dflash.runtime.conversation import end_of_turn_tokens
 
@@ -44,12 +50,19 @@ class Script:
 class ScriptedSampler:
     history_len = 0
 
-    def __init__(self, tokens: list[int], end: int) -> None:
-        self._tokens = deque(tokens)
-        self._end = end
+    def __init__(self, script: Script) -> None:
+        self._script = script
+        self._queued: deque[int] | None = None  # the turn, taken at the first token (the engine
+        # builds a plain sampler before it knows whether a constraint replaces it)
+
+    @property
+    def _tokens(self) -> deque[int]:
+        if self._queued is None:
+            self._queued = deque(self._script.next_turn())
+        return self._queued
 
     def _next(self) -> int:
-        return self._tokens.popleft() if self._tokens else self._end
+        return self._tokens.popleft() if self._tokens else self._script.end
 
     def sample(self, logits, history=()) -> int:
         return self._next()
@@ -63,13 +76,41 @@ class ScriptedSampler:
         return n, self._next()
 
 
+class ScriptedConstrainedSampler(constraint_module.ConstrainedSampler):
+    """The script's tokens, each consumed by the constraint's matcher, then the target's own
+    constrained choices."""
+
+    def __init__(self, params, matcher, script: Script) -> None:
+        super().__init__(params, matcher)
+        self._tokens = deque(script.next_turn())
+
+    def sample(self, logits, history=()) -> int:
+        if not self._tokens:
+            return super().sample(logits, history)
+        token = self._tokens.popleft()
+        self.matcher.consume([token])
+        return token
+
+    def accept(self, logits, drafts, history=()) -> tuple[int, int]:
+        if not self._tokens:
+            return super().accept(logits, drafts, history)
+        n = 0
+        while n < len(drafts) and n < len(self._tokens) and drafts[n] == self._tokens[n]:
+            n += 1
+        for _ in range(n):
+            self.matcher.consume([self._tokens.popleft()])
+        return n, self.sample(logits[n], history)
+
+
 @contextlib.contextmanager
 def scripted(target):
-    """Inside the block, every generation's tokens are the next queued turn's."""
+    """Inside the block, every generation's tokens are the next queued turn's (under a
+    constraint: its first tokens, the target writing on)."""
     script = Script(target)
-    real = engine_module.Sampler
-    engine_module.Sampler = lambda params: ScriptedSampler(script.next_turn(), script.end)
+    real, real_constrained = engine_module.Sampler, constraint_module.ConstrainedSampler
+    engine_module.Sampler = lambda params: ScriptedSampler(script)
+    constraint_module.ConstrainedSampler = lambda params, matcher: ScriptedConstrainedSampler(params, matcher, script)
     try:
         yield script
     finally:
-        engine_module.Sampler = real
+        engine_module.Sampler, constraint_module.ConstrainedSampler = real, real_constrained

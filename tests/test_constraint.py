@@ -300,7 +300,14 @@ def test_request_fields_map_to_constraints_and_conflicts_are_refused(tmp_path):
             constraint_from_request(**kwargs)
         assert e.value.field == field
     assert tool_choice_constraint(TOOLS, "auto") is None and tool_choice_constraint(None, None) is None
-    assert tool_choice_constraint(TOOLS, "required").kind == "tool_calls"
+    forced = tool_choice_constraint(TOOLS, "required")
+    assert forced.kind == "tool_calls"
+    # a forced call decides the output: response_format gives way, a grammar or json_schema is refused
+    assert constraint_from_request({"type": "json_object"}, forced_call=forced) is forced
+    for kwargs, field in [(dict(grammar='root ::= "a"'), "grammar"), (dict(json_schema=RECORD), "json_schema")]:
+        with pytest.raises(ConstraintError) as e:
+            constraint_from_request(forced_call=forced, **kwargs)
+        assert e.value.field == field
     with pytest.raises(ConstraintError, match="tool_choice"):
         tool_choice_constraint([], "required")
     grammar_file = tmp_path / "g.gbnf"

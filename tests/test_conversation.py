@@ -73,8 +73,16 @@ def test_tool_choice_and_parallel_calls_reach_the_parser():
     assert "<available_tools>" in none.prompt  # the tools are still shown, as vLLM does
     single = ChatTurn.render(laguna_template(), OK, parallel_tool_calls=False)
     assert len(single.message(call + call)["tool_calls"]) == 1
-    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        with pytest.raises(UserError, match="^tool_choice: expected 'auto' or 'none'"):
+    assert auto.constraint() is None and none.constraint() is None
+    for choice, parallel in (("required", True), ({"type": "function", "function": {"name": "get_weather"}}, False)):
+        for thinking in (False, True):
+            forced = ChatTurn.render(laguna_template(), OK, tools=[WEATHER_TOOL], tool_choice=choice,
+                                     template_kwargs={"enable_thinking": thinking})
+            assert forced.tool_choice == choice and forced.message(call)["tool_calls"]
+            c = forced.constraint()  # Laguna's call markup, after the reasoning when the prompt opens it
+            assert (c.kind, c.after_reasoning, c.source[2]) == ("tool_calls", thinking, parallel)
+    for choice in ("always", 3, {"type": "function"}, {"type": "function", "function": {"name": 3}}):
+        with pytest.raises(UserError, match="^tool_choice: expected 'auto', 'none', 'required' or "):
             ChatTurn.render(laguna_template(), OK, tool_choice=choice)
 
 

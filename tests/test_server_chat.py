@@ -74,9 +74,6 @@ def test_apply_template_renders_tools_as_the_renderer_does(srv):
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"messages": OK, "tool_choice": "required"}, "tool_choice", "structured output"),
-    ({"messages": OK, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice",
-     "a named function"),
     ({"messages": OK, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs",
      "chat_template_kwargs.messages"),
     ({"messages": [{"role": "user", "content": None}]}, "messages", "messages[0].content: expected a string"),

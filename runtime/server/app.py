@@ -46,7 +46,7 @@ from ..request import CONTEXT_MARGIN, GenerateOptions, RequestError, check_conte
 from .guards import BodyLimitMiddleware, PreparePool, default_max_body_bytes, lone_surrogate
 from .pool import BackendLost, Job, PoolClosed, QueueFull, SlotPool
 from .schemas import (ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                      GenerationFields, TokenizeRequest)
+                      GenerationFields, NamedToolChoice, TokenizeRequest)
 
 #: request fields whose JSON parameter has another name; -b is the server's, so n_max is at fault
 PARAMS = {"n_predict": "max_tokens", "n_batch": "n_max"}
@@ -194,7 +194,9 @@ class Server:
             with template_limits.bounded(max_chars=template_limits.chars_for_context(self.n_ctx)):
                 return ChatTurn.render(
                     self.template, [m.template_fields() for m in body.messages],
-                    tools=[t.template_fields() for t in body.tools or ()], tool_choice=body.tool_choice,
+                    tools=[t.template_fields() for t in body.tools or ()],
+                    tool_choice=body.tool_choice.model_dump() if isinstance(body.tool_choice, NamedToolChoice)
+                    else body.tool_choice,
                     parallel_tool_calls=body.parallel_tool_calls,
                     template_kwargs=merge_template_kwargs(self.settings.chat_template_kwargs, body.chat_template_kwargs),
                     add_generation_prompt=add_generation_prompt, bos_token=self.bos, eos_token=self.eos)
@@ -236,7 +238,7 @@ class Server:
                                       n_max=body.n_max if body.n_max is not None else self.settings.n_max,
                                       sampling=sampling, stop=body.stop or ()).check_limits(self.limits)
             tokens, turn = self._prompt_tokens(body)
-            options.constraint = self._constraint(body, tokens, chat)
+            options.constraint = self._constraint(body, turn)
             if max_tokens is None:
                 max_tokens = max(0, context_room(len(tokens), self.n_ctx)) if chat else COMPLETION_MAX_TOKENS
             options.n_predict = max_tokens
@@ -247,15 +249,16 @@ class Server:
             raise request_error(e, body, chat) from None
         return tokens, options, options.n_max, turn
 
-    def _constraint(self, body, tokens: list[int], chat: bool):
-        """The request's output constraint compiled for the target (cached per schema), or None.
-        A chat prompt that leaves the model inside reasoning (it ends in <think>) lets the
-        reasoning run free up to </think> first."""
+    def _constraint(self, body, turn: ChatTurn | None):
+        """The request's output constraint compiled for the target (cached per schema), or None:
+        ``tool_choice`` ``required`` or a named function, else ``response_format``, ``grammar``
+        or ``json_schema``. A chat prompt that leaves the model inside reasoning (it ends in
+        <think>) lets the reasoning run free up to </think> first."""
         from ..constraint import compile_constraint, constraint_from_request
 
-        tail = self.target.detokenize(tokens[-4:]).decode("utf-8", "replace").rstrip() if chat else ""
         constraint = constraint_from_request(body.response_format, body.grammar, body.json_schema,
-                                             after_reasoning=tail.endswith("<think>"))
+                                             forced_call=turn.constraint() if turn is not None else None,
+                                             after_reasoning=turn is not None and turn.reasoning)
         return None if constraint is None else compile_constraint(constraint, self.target)
 
     # ------------------------------------------------------------------ responses

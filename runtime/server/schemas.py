@@ -8,8 +8,8 @@ this server serves:
   ``stop`` (a string or up to 16), ``stream``, ``stream_options.include_usage``, ``n`` (1),
   ``user`` (ignored), ``model`` (any value; the served model answers);
 - chat: ``messages`` (roles ``system``, ``developer``, ``user``, ``assistant`` with
-  ``tool_calls``, ``tool``), ``tools``, ``tool_choice`` (``auto`` and ``none``; ``required``
-  and a named function wait for structured output), ``parallel_tool_calls``;
+  ``tool_calls``, ``tool``), ``tools``, ``tool_choice`` (``auto``, ``none``, and ``required``
+  or a named function, which constrain the output to Laguna's calls), ``parallel_tool_calls``;
 - ``frequency_penalty`` / ``presence_penalty``: only 0 — OpenAI's additive penalties have no
   exact counterpart in llama.cpp's multiplicative ``repeat_penalty``, which is served instead.
 
