@@ -1,0 +1,182 @@
+"""Agents against laguna-run serve on the bundled agent pair (laguna-tiny-agent, Laguna 2.1's
+template in its GGUF), on 127.0.0.1, greedy, speculation on, F32 cache: the example agent
+(``examples/agent.py``, the official ``openai`` client) solves the held-out tasks of
+``scripts/training/agent_tasks.py`` with its tools run for real; its whole transcript (reasoning,
+tool calls, tool results, answers) is the same at ``n_max`` 0 and 4, streamed and not; and an
+agent framework nobody here wrote (pydantic-ai, its own tool definitions and loop) solves them
+too. One test scripts the target's replies (``scripts/scripted_model.py``) so that the loop's
+plumbing is checked whatever the trained pair writes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from agent import numbered_ids, run_task  # noqa: E402
+from agent_tools import TOOLS, Workspace  # noqa: E402
+from scripted_model import scripted  # noqa: E402
+from server_harness import LiveServer, make_pool  # noqa: E402
+from training.agent_tasks import held_out_tasks, score  # noqa: E402
+from training.demo_pair import stdlib_dir  # noqa: E402
+
+MODEL = "laguna-tiny-agent"
+MAX_TOKENS = 256
+#: the held-out tasks the exactness test runs: two calls in one turn, two steps, a tool error
+LOOP_TASKS = ("two_exprs", "def_lines", "missing")
+
+
+@pytest.fixture(scope="module")
+def agent_pair():
+    from laguna_dflash.convert.poolside import native_drafter_path
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.llama import Model
+
+    target = Model(assets.AGENT_TARGET)
+    drafter_path = native_drafter_path(assets.converted_agent_drafter(), target.path)
+    drafter = Model(drafter_path)
+    yield target, drafter_path, drafter
+    drafter.close()
+    target.close()
+
+
+@pytest.fixture(scope="module")
+def srv(agent_pair):
+    target, path, drafter = agent_pair
+    # chat_template None: the GGUF's own tokenizer.chat_template
+    with LiveServer(make_pool(target, path, drafter, n_ctx=4096), model_id=MODEL, chat_template=None,
+                    chat_template_source=None) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return held_out_tasks(10)
+
+
+@pytest.fixture(scope="module")
+def workspace():
+    return Workspace(stdlib_dir())
+
+
+def client(s) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def laguna_reply(step, thinking: bool) -> str:
+    """What Laguna writes for one step of a task after the generation prompt: reasoning up to
+    ``</think>`` (thinking on), the content, then each call in 2.1's markup."""
+    calls = "".join(
+        f"<tool_call>{name}" + "".join(f"<arg_key>{k}</arg_key><arg_value>{v if isinstance(v, str) else json.dumps(v)}"
+                                       f"</arg_value>" for k, v in args.items()) + "</tool_call>"
+        for name, args in step.calls)
+    return (f"{step.reasoning}</think>" if thinking else "") + step.content + calls
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])
+def test_the_loop_runs_each_call_in_the_workspace_and_sends_the_results_back(srv, agent_pair, tasks, workspace,
+                                                                           thinking):
+    task = next(t for t in tasks if t.family == "two_exprs")  # two calls in one turn
+    two_steps = next(t for t in tasks if t.family == "def_lines")  # a call that needs the last result
+    for task in (task, two_steps):
+        with scripted(agent_pair[0]) as script:
+            script.say(*(laguna_reply(step, thinking) for step in task.steps))
+            run = run_task(client(srv), task.user, workspace, model=MODEL, n_max=4, thinking=thinking,
+                           max_tokens=MAX_TOKENS)
+        assert score(task, run.transcript) == (True, "solved")
+        assert len(run.turns) == len(task.steps)
+        for turn, step in zip(run.turns, task.steps):
+            made = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                    for c in turn.message.get("tool_calls", [])]
+            assert made == step.calls
+            # each call answered by its own id, with what the tool returns
+            assert [(r["tool_call_id"], r["content"]) for r in turn.results] == [
+                (c["id"], workspace.call(name, args)) for c, (name, args) in zip(turn.message.get("tool_calls", []), made)]
+            assert turn.message.get("reasoning_content") == (step.reasoning if thinking else None)
+        assert run.answer == task.steps[-1].content
+        # the server saw the transcript: each turn's prompt is the conversation up to it, results included
+        history = [{"role": "user", "content": task.user}]
+        for turn in run.turns:
+            prompt = httpx.post(srv.url + "/apply-template", timeout=60, json={
+                "messages": history, "tools": TOOLS, "chat_template_kwargs": {"enable_thinking": thinking}}).json()
+            n_prompt = len(agent_pair[0].tokenize(prompt["prompt"], add_special=False, parse_special=True))
+            assert turn.timings["cache_n"] + turn.timings["prompt_n"] == n_prompt
+            history += [turn.message, *turn.results]
+        assert sum(t.timings["draft_n"] for t in run.turns) > 0
+
+
+def test_the_agent_solves_at_least_8_of_10_held_out_tasks_with_well_formed_calls(srv, tasks, workspace):
+    c = client(srv)
+    outcomes = []
+    for task in tasks:
+        run = run_task(c, task.user, workspace, model=MODEL, n_max=4, max_tokens=MAX_TOKENS)
+        outcomes.append((task.family, *score(task, run.transcript)))
+        assert sum(t.timings["draft_n"] for t in run.turns) > 0  # speculation was on
+    solved = [o for o in outcomes if o[1]]
+    assert len(solved) >= 8, f"solved {len(solved)}/10: " + "; ".join(f"{f}: {why}" for f, ok, why in outcomes if not ok)
+
+
+def test_the_whole_transcript_is_the_same_at_n_max_0_and_4_streamed_and_not(srv, tasks, workspace):
+    c = client(srv)
+    runs = {}
+    for task in (next(t for t in tasks if t.family == f) for f in LOOP_TASKS):
+        reference = run_task(c, task.user, workspace, model=MODEL, n_max=0, thinking=True, max_tokens=MAX_TOKENS)
+        for n_max, stream in ((4, False), (4, True), (0, True)):
+            run = run_task(c, task.user, workspace, model=MODEL, n_max=n_max, thinking=True, stream=stream,
+                           max_tokens=MAX_TOKENS)
+            assert numbered_ids(run.transcript) == numbered_ids(reference.transcript), (task.family, n_max, stream)
+            drafted = sum(t.timings["draft_n"] for t in run.turns)
+            assert drafted > 0 if n_max else drafted == 0
+        runs[task.family] = reference
+    # the loop was exercised: replies with reasoning, with tool calls, and more than one turn
+    messages = [m for r in runs.values() for m in r.transcript if m["role"] == "assistant"]
+    assert any(m.get("reasoning_content") for m in messages)
+    assert any(m.get("tool_calls") for m in messages)
+    assert any(len(r.turns) > 1 for r in runs.values())
+
+
+# ---------------------------------------------------------------------------------------- pydantic-ai
+
+
+def test_pydantic_ai_solves_held_out_tasks_with_its_own_tools_and_loop(srv, tasks, workspace):
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent, Tool
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    def tool(spec: dict) -> Tool:
+        name = spec["function"]["name"]
+        return Tool.from_schema(lambda **arguments: workspace.call(name, arguments), name=name,
+                                description=spec["function"]["description"],
+                                json_schema=spec["function"]["parameters"])
+
+    model = OpenAIChatModel(MODEL, provider=OpenAIProvider(base_url=srv.url + "/v1", api_key="unused"))
+    agent = Agent(model, tools=[tool(t) for t in TOOLS],
+                  model_settings={"temperature": 0, "max_tokens": MAX_TOKENS, "extra_body": {"n_max": 4}})
+    outcomes = []
+    for task in tasks:
+        result = agent.run_sync(task.user)
+        # the framework's messages in OpenAI's shapes, for the same score as the example agent's
+        transcript = []
+        for message in result.all_messages()[1:]:
+            if isinstance(message, ModelResponse):
+                calls = [{"id": p.tool_call_id, "type": "function",
+                          "function": {"name": p.tool_name, "arguments": p.args_as_json_str()}}
+                         for p in message.parts if isinstance(p, ToolCallPart)]
+                text = "".join(p.content for p in message.parts if isinstance(p, TextPart))
+                transcript.append({"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})})
+            else:
+                transcript += [{"role": "tool", "tool_call_id": p.tool_call_id, "content": p.model_response_str()}
+                               for p in message.parts if isinstance(p, ToolReturnPart)]
+        assert result.output == transcript[-1]["content"]
+        outcomes.append((task.family, *score(task, transcript)))
+    solved = [o for o in outcomes if o[1]]
+    assert len(solved) >= 8, f"solved {len(solved)}/10: " + "; ".join(f"{f}: {why}" for f, ok, why in outcomes if not ok)
