@@ -1,5 +1,5 @@
 # laguna-dflash — see README.md
-.PHONY: setup setup-test test demo wheel-cuda check-cuda-build clean-cache
+.PHONY: setup setup-test test demo demo-agent wheel-cuda check-cuda-build clean-cache
 
 setup:
 	scripts/setup.sh
@@ -14,6 +14,10 @@ test: setup-test
 ## The main job: convert the bundled drafter and run speculative decoding on a Python prompt.
 demo: setup
 	scripts/demo.sh
+
+## The agent pair: laguna-run serve on it, and examples/agent.py solving its held-out tool tasks.
+demo-agent: setup
+	scripts/demo_agent.sh
 
 wheel-cuda:
 	.venv/bin/python scripts/build_wheel.py --cuda --no-install

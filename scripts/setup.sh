@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up .venv with the patched llama-cpp-python and this project.
-#   scripts/setup.sh           runtime only (convert + run)
+#   scripts/setup.sh           runtime only (convert, run, serve, the agent example's client)
 #   scripts/setup.sh --test    also the test and training dependencies (torch CPU, transformers)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +23,8 @@ quiet "$VPY" -m pip install -q "typing-extensions>=4.5.0" "diskcache>=5.6.1" "ji
 if [[ $want_test == 1 ]]; then
     # the CPU torch wheel on local disk; a bare `torch` would pull a multi-GB CUDA build
     quiet "$VPY" -m pip install -q "torch==2.13.0"
-    quiet "$VPY" -m pip install -q -e ".[test,server,upload,plot]"
+    quiet "$VPY" -m pip install -q -e ".[test,server,agent,upload,plot]"
 else
-    quiet "$VPY" -m pip install -q -e ".[upload,plot]"
+    quiet "$VPY" -m pip install -q -e ".[server,agent,upload,plot]"
 fi
 "$VPY" -c "import laguna_dflash.runtime.bindings as b; b.lib(); print('[setup] patched llama-cpp-python OK')"
