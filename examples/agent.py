@@ -74,43 +74,55 @@ def run_task(client: openai.OpenAI, task: str, workspace: Workspace, *, model: s
     for _ in range(max_steps):
         request = dict(model=model, messages=messages, tools=TOOLS, temperature=0, max_tokens=max_tokens,
                        extra_body=extra_body)
-        reply, timings = (_streamed if stream else _whole)(client, request)
-        message = _as_message(reply.message)
+        message, finish_reason, timings = (_streamed if stream else _whole)(client, request)
         results = [{"role": "tool", "tool_call_id": call["id"],
                     "content": workspace.call(call["function"]["name"], parse_arguments(call["function"]["arguments"]))}
                    for call in message.get("tool_calls", [])]
-        run.turns.append(Turn(message, results, timings, reply.finish_reason))
+        run.turns.append(Turn(message, results, timings, finish_reason))
         messages += [message, *results]
         if not results:
             break
     return run
 
 
-def _whole(client: openai.OpenAI, request: dict):
+def _whole(client: openai.OpenAI, request: dict) -> tuple[dict, str, dict]:
     completion = client.chat.completions.create(**request)
-    return completion.choices[0], completion.model_extra.get("timings", {})
+    reply = completion.choices[0]
+    calls = [{"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+             for c in reply.message.tool_calls or ()]
+    reasoning = (reply.message.model_extra or {}).get("reasoning_content")
+    return (_message(reply.message.content, reasoning, calls), reply.finish_reason,
+            completion.model_extra.get("timings", {}))
 
 
-def _streamed(client: openai.OpenAI, request: dict):
-    timings = {}
-    with client.chat.completions.stream(**request) as stream:  # the client accumulates the deltas
-        for event in stream:
-            if event.type == "chunk" and event.chunk.model_extra.get("timings"):
-                timings = event.chunk.model_extra["timings"]  # laguna-run serve sends them on the last chunk
-        return stream.get_final_completion().choices[0], timings
+def _streamed(client: openai.OpenAI, request: dict) -> tuple[dict, str, dict]:
+    """The same reply, accumulated from the streamed deltas (a call's id and name come in its
+    first delta, its arguments in pieces)."""
+    content, reasoning, calls, finish_reason, timings = [], [], {}, None, {}
+    for chunk in client.chat.completions.create(stream=True, **request):
+        timings = chunk.model_extra.get("timings") or timings  # laguna-run serve: on the last chunk
+        for choice in chunk.choices:
+            delta = choice.delta
+            content.append(delta.content or "")
+            reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
+            for piece in delta.tool_calls or ():
+                call = calls.setdefault(piece.index, {"id": piece.id, "type": "function",
+                                                      "function": {"name": "", "arguments": ""}})
+                if piece.function:
+                    call["function"]["name"] += piece.function.name or ""
+                    call["function"]["arguments"] += piece.function.arguments or ""
+            finish_reason = choice.finish_reason or finish_reason
+    return _message("".join(content), "".join(reasoning), [calls[i] for i in sorted(calls)]), finish_reason, timings
 
 
-def _as_message(reply) -> dict:
+def _message(content: str | None, reasoning: str | None, calls: list[dict]) -> dict:
     """The assistant message to send back: its reasoning too (Laguna's template shows earlier
     reasoning when thinking is on)."""
-    message = {"role": "assistant", "content": reply.content or ""}
-    reasoning = (reply.model_extra or {}).get("reasoning_content")
+    message = {"role": "assistant", "content": content or ""}
     if reasoning:
         message["reasoning_content"] = reasoning
-    if reply.tool_calls:
-        message["tool_calls"] = [{"id": c.id, "type": "function",
-                                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                                 for c in reply.tool_calls]
+    if calls:
+        message["tool_calls"] = calls
     return message
 
 

@@ -81,15 +81,16 @@ def laguna_reply(step, thinking: bool) -> str:
 
 
 @pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_the_loop_runs_each_call_in_the_workspace_and_sends_the_results_back(srv, agent_pair, tasks, workspace,
-                                                                           thinking):
+                                                                           thinking, stream):
     task = next(t for t in tasks if t.family == "two_exprs")  # two calls in one turn
     two_steps = next(t for t in tasks if t.family == "def_lines")  # a call that needs the last result
     for task in (task, two_steps):
         with scripted(agent_pair[0]) as script:
             script.say(*(laguna_reply(step, thinking) for step in task.steps))
             run = run_task(client(srv), task.user, workspace, model=MODEL, n_max=4, thinking=thinking,
-                           max_tokens=MAX_TOKENS)
+                           stream=stream, max_tokens=MAX_TOKENS)
         assert score(task, run.transcript) == (True, "solved")
         assert len(run.turns) == len(task.steps)
         for turn, step in zip(run.turns, task.steps):
@@ -101,6 +102,7 @@ def test_the_loop_runs_each_call_in_the_workspace_and_sends_the_results_back(srv
                 (c["id"], workspace.call(name, args)) for c, (name, args) in zip(turn.message.get("tool_calls", []), made)]
             assert turn.message.get("reasoning_content") == (step.reasoning if thinking else None)
         assert run.answer == task.steps[-1].content
+        assert [t.finish_reason for t in run.turns] == ["tool_calls"] * (len(run.turns) - 1) + ["stop"]
         # the server saw the transcript: each turn's prompt is the conversation up to it, results included
         history = [{"role": "user", "content": task.user}]
         for turn in run.turns:
@@ -180,3 +182,38 @@ def test_pydantic_ai_solves_held_out_tasks_with_its_own_tools_and_loop(srv, task
         outcomes.append((task.family, *score(task, transcript)))
     solved = [o for o in outcomes if o[1]]
     assert len(solved) >= 8, f"solved {len(solved)}/10: " + "; ".join(f"{f}: {why}" for f, ok, why in outcomes if not ok)
+
+
+# ---------------------------------------------------------------------------------------- the command line
+
+
+def test_the_command_line_shows_each_step_acceptance_and_speedup(srv, agent_pair, tasks, capsys):
+    from agent import main
+
+    task = next(t for t in tasks if t.family == "evaluate")
+    with scripted(agent_pair[0]) as script:
+        # the speculative run, then the plain one: the same two replies each
+        script.say(*(laguna_reply(step, False) for step in task.steps * 2))
+        assert main(["--base-url", srv.url + "/v1", "--n-max", "4", task.user]) == 0
+    out = capsys.readouterr().out
+    expression = task.steps[0].calls[0][1]["code"]
+    assert f"-> run_python(code={expression!r})" in out and f"<- {task.facts[0]}" in out
+    assert f"answer: {task.steps[-1].content}" in out
+    assert out.count("accepted/round") == 2 and out.count("tok/s plain: ") == 2
+    assert "decode: " in out and "tok/s speculative vs " in out
+
+
+@pytest.mark.parametrize("argv, words", [
+    ([], "give a task, or --held-out"),
+    (["--held-out", "question"], "give a task, or --held-out"),
+    (["--workspace", "/no/such/dir", "question"], "--workspace: expected a directory"),
+    (["--held-out", "--workspace", "."], "--workspace: the held-out tasks are about the standard library"),
+    (["--n-max", "0", "question"], "--n-max: expected a draft depth >= 1"),
+    (["--base-url", "http://127.0.0.1:9/v1", "question"], "--base-url: no OpenAI API answers at"),
+])
+def test_the_command_line_refuses_a_mistake_in_one_line(argv, words, capsys):
+    from agent import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("agent.py: " + words) and err.count("\n") == 1
