@@ -234,12 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(f"--workspace: the held-out tasks are about the standard library ({stdlib}), found {root}")
     if args.n_max is not None and args.n_max < 1:
         return refuse(f"--n-max: expected a draft depth >= 1 (the plain run is n_max 0), found {args.n_max}")
-
-    client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=600)
-    try:
-        model = args.model or client.models.list().data[0].id
-    except openai.APIConnectionError:
-        return refuse(f"--base-url: no OpenAI API answers at {args.base_url} (start one: laguna-run serve --bundled agent)")
+    for flag, value in (("--max-steps", args.max_steps), ("--max-tokens", args.max_tokens)):
+        if value < 1:
+            return refuse(f"{flag}: expected at least 1, found {value}")
     workspace = Workspace(root)
     if args.held_out:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
@@ -248,10 +245,15 @@ def main(argv: list[str] | None = None) -> int:
         tasks = held_out_tasks(10)
     else:
         tasks, score = [args.task], None
-    options = dict(model=model, thinking=args.thinking, stream=args.stream, max_steps=args.max_steps,
-                   max_tokens=args.max_tokens)
+
+    client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=600)
     runs, solved = [], 0
     try:
+        models = [m.id for m in client.models.list().data]
+        if not (args.model or models):
+            return refuse(f"--base-url: the server at {args.base_url} lists no model; give --model")
+        options = dict(model=args.model or models[0], thinking=args.thinking, stream=args.stream,
+                       max_steps=args.max_steps, max_tokens=args.max_tokens)
         for i, task in enumerate(tasks, 1):
             text = task.user if score else task
             console.rule(f"task {i}/{len(tasks)}: {escape(text)}" if len(tasks) > 1 else escape(text))
@@ -265,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                 ok, why = score(task, spec.transcript)
                 solved += ok
                 console.print(f"  [{'green' if ok else 'red'}]{'solved' if ok else 'not solved'}: {escape(why)}[/]")
-    except openai.APIError as e:
-        return refuse(f"the server refused a request: {e}")
+    except openai.APIConnectionError:
+        return refuse(f"--base-url: no OpenAI API answers at {args.base_url} (start one: laguna-run serve --bundled agent)")
+    except openai.APIStatusError as e:
+        return refuse(f"the server at {args.base_url} answered {e.status_code}: {e.message}")
     console.rule()
     if score:
         console.print(f"[bold]solved {solved}/{len(tasks)}[/]")

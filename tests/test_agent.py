@@ -209,6 +209,7 @@ def test_the_command_line_shows_each_step_acceptance_and_speedup(srv, agent_pair
     (["--workspace", "/no/such/dir", "question"], "--workspace: expected a directory"),
     (["--held-out", "--workspace", "."], "--workspace: the held-out tasks are about the standard library"),
     (["--n-max", "0", "question"], "--n-max: expected a draft depth >= 1"),
+    (["--max-steps", "0", "question"], "--max-steps: expected at least 1"),
     (["--base-url", "http://127.0.0.1:9/v1", "question"], "--base-url: no OpenAI API answers at"),
 ])
 def test_the_command_line_refuses_a_mistake_in_one_line(argv, words, capsys):
@@ -217,3 +218,11 @@ def test_the_command_line_refuses_a_mistake_in_one_line(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("agent.py: " + words) and err.count("\n") == 1
+
+
+def test_the_command_line_says_what_the_server_refused_in_one_line(srv, capsys):
+    from agent import main
+
+    assert main(["--base-url", srv.url + "/v1", "--max-tokens", "100000", "question"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agent.py: the server at {srv.url}/v1 answered 400: ") and err.count("\n") == 1
