@@ -84,9 +84,8 @@ def laguna_reply(step, thinking: bool) -> str:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_the_loop_runs_each_call_in_the_workspace_and_sends_the_results_back(srv, agent_pair, tasks, workspace,
                                                                            thinking, stream):
-    task = next(t for t in tasks if t.family == "two_exprs")  # two calls in one turn
-    two_steps = next(t for t in tasks if t.family == "def_lines")  # a call that needs the last result
-    for task in (task, two_steps):
+    # two calls in one turn; a call that needs the last result
+    for task in (next(t for t in tasks if t.family == f) for f in ("two_exprs", "def_lines")):
         with scripted(agent_pair[0]) as script:
             script.say(*(laguna_reply(step, thinking) for step in task.steps))
             run = run_task(client(srv), task.user, workspace, model=MODEL, n_max=4, thinking=thinking,
