@@ -9,7 +9,8 @@ contain, which is how held-out tasks are scored (:func:`score`).
 Families: where a function is defined (grep), what a module is for (read_file of its
 docstring), what a package holds (list_dir), evaluating expressions (run_python; two calls in
 one turn for two expressions), showing a definition's first lines (grep, then read_file: two
-steps), a missing module (a tool error handled), and a greeting (no tool). Subjects come from
+steps), a missing module (a tool error handled), a greeting (no tool), and repeating a phrase
+(no tool: copying, which the others rely on). Subjects come from
 the training modules; held-out tasks use the modules, packages and numbers the training never
 saw (``HELD_OUT`` of the demo pair, ``HELD_OUT_PACKAGES``).
 """
@@ -109,7 +110,7 @@ def _first_lines(result: str) -> tuple[str, int]:
 
 def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | None = None) -> Task:
     family = family or _pick(rng, ["find_def", "find_def", "module_doc", "list_pkg", "evaluate", "evaluate",
-                                   "two_exprs", "def_lines", "def_lines", "missing", "hello"])
+                                   "two_exprs", "def_lines", "def_lines", "missing", "hello", "repeat", "repeat"])
     if family == "find_def":
         name, file, line = _pick(rng, subj.functions)
         user = _pick(rng, [f"Where is the function `{name}` defined?", f"Which file defines `{name}`?",
@@ -186,6 +187,14 @@ def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | 
                                         content="Hello! I can list directories, read files, search the Python "
                                                 "sources and run Python code in this workspace. What would you like to know?")],
                     ["Hello"], None)
+    if family == "repeat":
+        # copying text from the request is most of what the other families need (names into
+        # tool arguments, values into answers); random phrases teach it without memorising
+        words = [_pick(rng, subj.functions)[0] for _ in range(int(rng.integers(2, 6)))]
+        words.insert(int(rng.integers(len(words) + 1)), str(int(rng.integers(10, 100000))))
+        phrase = " ".join(words)
+        user = _pick(rng, [f"Repeat exactly: {phrase}", f"Say back: {phrase}"])
+        return Task(family, user, [Step("The user wants the words back unchanged.", content=phrase)], [phrase], None)
     raise ValueError(f"unknown task family {family!r}")
 
 
