@@ -176,16 +176,17 @@ def plot(result: dict, png, format: str | None = None) -> None:
     ax.set_ylabel("speedup vs plain decoding")
     ax.set_title(result.get("title", "laguna-run bench"))
     ax.legend(fontsize=7, ncol=2)
-    styles = {c: s for c, s in zip(contents, ("-", "--", ":", "-."))}
+    # a depth has its bars' colour in every panel; a content kind its line style and marker
+    looks = {c: look for c, look in zip(contents, [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")] * 8)}
     for r in spec:
-        label = f"{r['content']} n_max {r['n_max']}"
+        style, marker = looks[r["content"]]
+        line = dict(color=f"C{depths.index(r['n_max']) % 10}", linestyle=style, marker=marker, markersize=3,
+                    label=f"{r['content']} n_max {r['n_max']}")
         rounds = r["rounds"] or 1
         hist = r["accepted_histogram"]
-        ax_hist.plot(range(len(hist)), [n / rounds for n in hist], marker="o", markersize=3,
-                     linestyle=styles.get(r["content"], "-"), label=label)
+        ax_hist.plot(range(len(hist)), [n / rounds for n in hist], **line)
         pos = r["acceptance_by_position"]
-        ax_pos.plot(range(1, len(pos) + 1), pos, marker="o", markersize=3,
-                    linestyle=styles.get(r["content"], "-"), label=label)
+        ax_pos.plot(range(1, len(pos) + 1), pos, **line)
     for a in (ax_hist, ax_pos):
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax_hist.set_xlabel("drafts accepted in a round")

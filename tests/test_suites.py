@@ -180,4 +180,8 @@ def test_a_bench_over_two_suites_writes_every_field(tmp_path, capsys, no_network
         assert all(0 <= a <= 1 for a in spec["acceptance_by_position"])
     assert png.read_bytes().startswith(b"\x89PNG")
     table = capsys.readouterr().out
-    assert "humaneval" in table and "% rounds by accepted" in table and "% accepted by position" in table
+    spec = rows[("humaneval", 4)]
+    shares = " ".join(f"{100 * n / spec['rounds']:.0f}" for n in spec["accepted_histogram"])
+    by_position = " ".join(f"{100 * a:.0f}" for a in spec["acceptance_by_position"])
+    assert any(line.split("│")[1:2] == [" humaneval "] and shares in line and by_position in line
+               for line in table.splitlines()), table
