@@ -19,8 +19,8 @@ from .interrupt import CtrlC, Interrupted
 from .options import Command, switch, PairFlags, RpcFailed, check_range, engine_config, err, open_engine, \
     pair_flags, pair_inputs, request_options
 
-#: prompts per suite unless --suite-limit says otherwise: on the bundled pair a humaneval run at
-#: the default depth then takes a few minutes on a busy 2-core machine (docs/suites.md)
+#: prompts per suite unless --suite-limit says otherwise: on the bundled pair all four suites at
+#: three depths then take about 2 minutes at -t 1 on a busy 2-core machine (docs/suites.md)
 DEFAULT_SUITE_LIMIT = 40
 
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
