@@ -246,6 +246,24 @@ def held_out_tasks(n: int = 10, seed: int = 1234, root: Path | None = None) -> l
     return [make_task(ws, subj, rng, True, families[i % len(families)]) for i in range(n)]
 
 
+def well_formed(task: Task, transcript: list[dict]) -> tuple[bool, str]:
+    """The weaker bar: every tool call names a known tool with a JSON-object argument, the first
+    call uses the expected tool (whatever its arguments), and the agent ends with an answer."""
+    calls = [c for m in transcript if m.get("role") == "assistant" for c in (m.get("tool_calls") or [])]
+    names = {t["function"]["name"] for t in TOOLS}
+    for c in calls:
+        if c["function"]["name"] not in names or not isinstance(parse_arguments(c["function"]["arguments"]), dict):
+            return False, f"malformed tool call {c['function']}"
+    expected = task.first_call[0] if task.first_call else None
+    first = calls[0]["function"]["name"] if calls else None
+    if first != expected:
+        return False, f"first call {first}, expected {expected}"
+    final = transcript[-1] if transcript and transcript[-1].get("role") == "assistant" else {}
+    if final.get("tool_calls") or not (final.get("content") or "").strip():
+        return False, "no final answer"
+    return True, "well-formed"
+
+
 def score(task: Task, transcript: list[dict]) -> tuple[bool, str]:
     """Did an agent's transcript (OpenAI messages after the user's) solve ``task``?
 
