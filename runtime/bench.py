@@ -32,6 +32,10 @@ def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n
     drafted = defaultdict(int)
     exact = defaultdict(lambda: True)
     depth_rounds: dict = defaultdict(lambda: defaultdict(int))
+    # per position and per accepted count, summed element-wise over the prompts
+    drafted_at: dict = defaultdict(list)
+    accepted_at: dict = defaultdict(list)
+    histogram: dict = defaultdict(list)
     measured = defaultdict(int)
     stop = should_stop or (lambda: False)
     interrupted = False
@@ -76,6 +80,9 @@ def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n
                     drafted[key] += s.drafted
                     for k, v in s.depth_rounds.items():
                         depth_rounds[key][k] += v
+                    add_counts(drafted_at[key], s.drafted_at)
+                    add_counts(accepted_at[key], s.accepted_at)
+                    add_counts(histogram[key], s.accepted_histogram)
                     if res.tokens != plain:
                         exact[key] = False
     rows = []
@@ -92,7 +99,10 @@ def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n
                 row.update(mean_accepted=accepted[key] / rounds[key] if rounds[key] else 0.0,
                            acceptance_rate=accepted[key] / drafted[key] if drafted[key] else 0.0,
                            exact=exact[key], rounds=rounds[key],
-                           depth_rounds={str(k): v for k, v in sorted(depth_rounds[key].items())})
+                           depth_rounds={str(k): v for k, v in sorted(depth_rounds[key].items())},
+                           accepted_histogram=histogram[key],
+                           acceptance_by_position=[a / d if d else 0.0
+                                                   for a, d in zip(accepted_at[key], drafted_at[key])])
             rows.append(row)
     result = {"rows": rows, "n_predict": n_predict, "repeats": repeats,
               "prompts": {k: len(v) for k, v in prompt_sets.items()}}
@@ -100,6 +110,13 @@ def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n
         result["interrupted"] = True
         result["prompts_measured"] = {k: measured[k] for k in prompt_sets}
     return result
+
+
+def add_counts(total: list[int], counts: list[int]) -> None:
+    """Add ``counts`` into ``total`` element by element, lengthening it as needed."""
+    total.extend([0] * (len(counts) - len(total)))
+    for i, c in enumerate(counts):
+        total[i] += c
 
 
 def bench_table(result: dict) -> Table:
@@ -114,21 +131,42 @@ def bench_table(result: dict) -> Table:
     return t
 
 
+def acceptance_table(result: dict) -> Table:
+    """Per content and depth: how many drafts each round accepted, and how often each position was."""
+    t = Table(title="% of rounds that accepted 0, 1, 2, ... drafts; % of drafts accepted at position 1, 2, ...",
+              title_justify="left")
+    for col in ("content", "n_max", "rounds", "mean accepted", "% rounds by accepted", "% accepted by position"):
+        t.add_column(col, justify="right" if col in ("n_max", "rounds", "mean accepted") else "left")
+    for r in result["rows"]:
+        if "accepted_histogram" not in r:
+            continue
+        rounds = r["rounds"] or 1
+        t.add_row(r["content"], str(r["n_max"]), str(r["rounds"]), f"{r['mean_accepted']:.2f}",
+                  " ".join(f"{100 * n / rounds:.0f}" for n in r["accepted_histogram"]),
+                  " ".join(f"{100 * a:.0f}" for a in r["acceptance_by_position"]))
+    return t
+
+
 SWEEP_DEPTHS = [1, 2, 4, 8, 15, "auto"]
 SWEEP_CONTENT = ("code", "table", "prose")
 
 
 def plot(result: dict, png, format: str | None = None) -> None:
-    """Grouped bars: speedup over plain decoding per content kind and depth."""
+    """Three panels: speedup over plain decoding per content kind and depth; the share of rounds
+    by drafts accepted; acceptance by draft position (one line per content kind and depth)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     contents = list(dict.fromkeys(r["content"] for r in result["rows"]))
     depths = [d for d in dict.fromkeys(r["n_max"] for r in result["rows"]) if d != 0]
     speed = {(r["content"], r["n_max"]): r["speedup"] for r in result["rows"]}
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(contents) * max(1, len(depths)) / 4, 4), dpi=110)
+    spec = [r for r in result["rows"] if "accepted_histogram" in r]
+    width_bars = 1.6 + 1.4 * len(contents) * max(1, len(depths)) / 4
+    fig, (ax, ax_hist, ax_pos) = plt.subplots(1, 3, figsize=(width_bars + 9, 4.2), dpi=110,
+                                              gridspec_kw={"width_ratios": [width_bars, 4.5, 4.5]})
     width = 0.8 / max(1, len(depths))
     for j, d in enumerate(depths):
         xs = [i + (j - (len(depths) - 1) / 2) * width for i in range(len(contents))]
@@ -138,6 +176,28 @@ def plot(result: dict, png, format: str | None = None) -> None:
     ax.set_ylabel("speedup vs plain decoding")
     ax.set_title(result.get("title", "laguna-run bench"))
     ax.legend(fontsize=7, ncol=2)
+    # a depth has its bars' colour in every panel; a content kind its line style and marker
+    looks = {c: look for c, look in zip(contents, [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D")] * 8)}
+    for r in spec:
+        style, marker = looks[r["content"]]
+        line = dict(color=f"C{depths.index(r['n_max']) % 10}", linestyle=style, marker=marker, markersize=3,
+                    label=f"{r['content']} n_max {r['n_max']}")
+        rounds = r["rounds"] or 1
+        hist = r["accepted_histogram"]
+        ax_hist.plot(range(len(hist)), [n / rounds for n in hist], **line)
+        pos = r["acceptance_by_position"]
+        ax_pos.plot(range(1, len(pos) + 1), pos, **line)
+    for a in (ax_hist, ax_pos):
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_hist.set_xlabel("drafts accepted in a round")
+    ax_hist.set_ylabel("share of rounds")
+    ax_hist.set_title("accepted per round")
+    ax_pos.set_xlabel("draft position")
+    ax_pos.set_ylabel("accepted when drafted")
+    ax_pos.set_ylim(0, 1.02)
+    ax_pos.set_title("acceptance by position")
+    if spec:
+        ax_pos.legend(fontsize=6, ncol=1 + len(spec) // 8)
     fig.tight_layout()
     fig.savefig(png, format=format)
     plt.close(fig)

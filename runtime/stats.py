@@ -21,6 +21,8 @@ class Stats:
     accepted: int = 0
     drafted_at: list[int] = field(default_factory=list)  # per draft position: how often drafted
     accepted_at: list[int] = field(default_factory=list)  # ... and how often accepted
+    # rounds by drafts accepted (index: how many; a round at depth 0 counts as 0): sums to rounds
+    accepted_histogram: list[int] = field(default_factory=list)
     depth_rounds: dict[int, int] = field(default_factory=dict)
     t_prefill: float = 0.0
     t_draft: float = 0.0
@@ -48,6 +50,9 @@ class Stats:
     def record_round(self, depth: int, n_accepted: int) -> None:
         self.rounds += 1
         self.depth_rounds[depth] = self.depth_rounds.get(depth, 0) + 1
+        while len(self.accepted_histogram) <= n_accepted:
+            self.accepted_histogram.append(0)
+        self.accepted_histogram[n_accepted] += 1
         if depth == 0:
             return
         self.drafted += depth
@@ -66,6 +71,7 @@ class Stats:
             "drafted": self.drafted, "accepted": self.accepted,
             "mean_accepted_per_round": self.mean_accepted,
             "acceptance_by_position": self.acceptance_by_position,
+            "accepted_histogram": list(self.accepted_histogram),
             "depth_rounds": {str(k): v for k, v in sorted(self.depth_rounds.items())},
             "tokens_per_s": self.tokens_per_s,
             "time_s": {"prefill": self.t_prefill, "generate": self.t_total, "draft": self.t_draft,

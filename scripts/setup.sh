@@ -23,8 +23,8 @@ quiet "$VPY" -m pip install -q "typing-extensions>=4.5.0" "diskcache>=5.6.1" "ji
 if [[ $want_test == 1 ]]; then
     # the CPU torch wheel on local disk; a bare `torch` would pull a multi-GB CUDA build
     quiet "$VPY" -m pip install -q "torch==2.13.0"
-    quiet "$VPY" -m pip install -q -e ".[test,server,agent,upload,plot]"
+    quiet "$VPY" -m pip install -q -e ".[test,server,agent,upload,plot,suites]"
 else
-    quiet "$VPY" -m pip install -q -e ".[server,agent,upload,plot]"
+    quiet "$VPY" -m pip install -q -e ".[server,agent,upload,plot,suites]"
 fi
 "$VPY" -c "import laguna_dflash.runtime.bindings as b; b.lib(); print('[setup] patched llama-cpp-python OK')"

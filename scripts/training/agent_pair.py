@@ -15,8 +15,9 @@ growth and drafter training, whose functions this reuses), on other data:
    ``<think>`` 18, ``</think>`` 19, ``<assistant>`` 23, ``</assistant>`` 24, ``<tool_call>`` 25,
    ``</tool_call>`` 26); ``<system>``, ``<user>``, ``<arg_key>`` and the rest are plain text, BPE-split,
    as in the real vocabulary; the template goes into the GGUF as ``tokenizer.chat_template``;
-3. training windows start at conversation starts (the system prompt and tool list in view, as at
-   inference); the drafter learns the target's own greedy continuations of conversation prefixes
+3. the loss is the assistant's tokens only (on conversation windows; code windows: every token);
+   most training windows start at conversation starts (the system prompt and tool list in view, as
+   at inference), some in the middle of one (later turns of long conversations); the drafter learns the target's own greedy continuations of conversation prefixes
    that end where an assistant turn begins (reasoning, tool calls, answers: what an agent decodes).
 """
 
@@ -74,15 +75,20 @@ def assistant_prefixes(template, messages: list[dict], thinking: bool) -> list[s
     return out
 
 
-def agent_stream(tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Conversations back to back (each begins with 〈|EOS|〉 from the template) and their starts."""
-    parts, starts, n = [], [], 0
+def agent_stream(tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Conversations back to back (each begins with 〈|EOS|〉 from the template), their starts, and
+    which tokens are the assistant's (after ``<assistant>``, up to and including ``</assistant>``):
+    the only ones the loss asks the target to predict."""
+    parts, starts, own, n = [], [], [], 0
+    open_id, close_id = tok.convert_tokens_to_ids("<assistant>"), EOT_TOKEN_ID
     for t in texts:
-        ids = tok(t, add_special_tokens=False)["input_ids"]
+        ids = np.asarray(tok(t, add_special_tokens=False)["input_ids"], dtype=np.int32)
+        depth = np.cumsum(ids == open_id) - np.cumsum(ids == close_id)
+        own.append((depth > 0) & (ids != open_id) | (ids == close_id))
         starts.append(n)
-        parts.append(np.asarray(ids, dtype=np.int32))
+        parts.append(ids)
         n += len(ids)
-    return np.concatenate(parts), np.asarray(starts)
+    return np.concatenate(parts), np.asarray(starts), np.concatenate(own)
 
 
 def build_drafter_data(args, log, model, tok, prefixes: list[str], layer_ids):
@@ -113,19 +119,79 @@ def build_drafter_data(args, log, model, tok, prefixes: list[str], layer_ids):
     return seqs, feats, plens
 
 
+CARD = """\
+# Laguna-Tiny-Agent: a tiny Laguna that speaks Laguna 2.1's chat format and calls tools
+
+A small **Laguna** target and its **Laguna DFlash** drafter, trained from scratch on CPU so that
+the agent side of laguna-dflash (the chat template, tool calls, reasoning, an agent loop against
+`laguna-run serve`) has a real pair to run on any machine, offline. Not a Poolside model: it
+knows the standard library of CPython {python} and {n_families} kinds of task over it, nothing else.
+
+| file | what |
+|---|---|
+| `{gguf}` | target, `LagunaForCausalLM` ({params:.2f}M parameters, the architecture and sizes of the code pair `laguna-tiny`), Q8_0, with Laguna 2.1's chat template as `tokenizer.chat_template` |
+| `{ddir}/` | drafter, `DFlashLagunaForCausalLM` in Poolside's HF layout (2 layers, target layers {ids}), bf16 |
+| `tokenizer/` | byte-level BPE, {vocab} tokens; specials at Laguna's ids: `〈\\|EOS\\|〉` 2, MASK 12, `<think>` 18, `</think>` 19, `<assistant>` 23, `</assistant>` 24, `<tool_call>` 25, `</tool_call>` 26; `<system>`, `<user>`, `<arg_key>` and the rest are plain text as in Laguna's vocabulary |
+
+## Data
+
+{conversations:,} synthetic conversations ({agent_tokens:,} tokens) made by
+`scripts/training/agent_tasks.py`: an agent with the four tools of `examples/agent_tools.py`
+(`list_dir`, `read_file`, `grep`, `run_python`, run for real, their outputs in the conversation)
+finds where functions are defined, reads module docstrings, lists packages, evaluates
+expressions (two calls in one turn for two), shows a definition's first lines (two steps), and
+handles a missing file (a tool error); thinking on for half of them, one to three tasks per
+conversation, rendered by Laguna 2.1's template (`tests/fixtures/laguna-2.1-chat-template.jinja`).
+{code_share:.0%} of the training windows are stdlib code ({code_tokens:,} tokens). Held out: the
+subjects of {n_held} stdlib modules and {n_pkgs} packages never seen in training
+(`agent_tasks.HELD_OUT_PACKAGES`, the code pair's held-out modules).
+
+## Training
+
+Target: {s1} steps of an 8-layer model, grown to 24 layers (function-preserving, as for the code
+pair), {s2} more steps; windows of {seq} tokens, most starting at conversation starts; batches of {batch}.
+Held-out conversation loss {heldout:.3f} nats/token. Drafter: the target's own greedy replies to
+{dseqs} assistant-turn prompts, {dsteps} steps; held-out estimate (torch, n_max 4, {est_prompts}
+assistant turns): **{acc:.2f} accepted per round**, by depth {by_depth}.
+
+## Reproduce
+
+```bash
+{command}
+```
+
+{wall_min:.0f} minutes on {machine} (torch {torch}); the log is `train_log.json`.
+"""
+
+
+def write_card(out: Path, record: dict) -> None:
+    t, d, c, est = record["target"], record["drafter"], record["corpus"], record["acceptance"]
+    out.joinpath("README.md").write_text(CARD.format(
+        python=record["python"], n_families=10, gguf=TARGET_GGUF, params=t["parameters"] / 1e6, ddir=DRAFTER_DIR,
+        ids=list(dp.DRAFTER_KW["target_layer_ids"]), vocab=dp.VOCAB, conversations=c["conversations"],
+        agent_tokens=c["agent_tokens"], code_share=c["code_windows_share"], code_tokens=c["code_tokens"],
+        n_held=len(dp.HELD_OUT), n_pkgs=len(at.HELD_OUT_PACKAGES), s1=t["stage1_steps"], s2=t["stage2_steps"],
+        seq=record["args"]["seq"], batch=record["args"]["batch"], heldout=t["heldout_loss"],
+        dseqs=record["args"]["drafter_seqs"], dsteps=d["steps"], est_prompts=est["prompts"],
+        acc=est["mean_accepted_per_round"], by_depth=est["accepted_at_depth"], command=record["command"],
+        wall_min=record["wall_seconds"] / 60, machine=record["machine"], torch=record["torch"]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output directory (default: %(default)s)")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: the cache)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--conversations", type=int, default=3000, help="synthetic training conversations")
+    ap.add_argument("--conversations", type=int, default=1600, help="synthetic training conversations")
     ap.add_argument("--code-share", type=float, default=0.2, help="share of training windows that are stdlib code")
     ap.add_argument("--stage1-layers", type=int, default=8)
-    ap.add_argument("--stage1-steps", type=int, default=700)
-    ap.add_argument("--stage2-steps", type=int, default=120)
-    ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--stage1-steps", type=int, default=1500)
+    ap.add_argument("--stage2-steps", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=3)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--mid-share", type=float, default=0.35,
+                    help="share of conversation windows starting at a random token rather than a conversation start")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--lr2", type=float, default=1.5e-3)
     ap.add_argument("--drafter-steps", type=int, default=1800)
@@ -140,7 +206,11 @@ def main(argv=None) -> int:
     ap.add_argument("--norm-spread", type=float, default=1.0)
     ap.add_argument("--n-predict", type=int, default=64, help="tokens per held-out prompt in the estimate")
     ap.add_argument("--reuse-target", action="store_true", help="load the target trained by an earlier run from --work")
+    ap.add_argument("--card-only", action="store_true", help="rewrite README.md from train_log.json and stop")
     args = ap.parse_args(argv)
+    if args.card_only:
+        write_card(args.out, json.loads((args.out / "train_log.json").read_text()))
+        return 0
 
     import torch
     import transformers
@@ -178,7 +248,7 @@ def main(argv=None) -> int:
     tok = AutoTokenizer.from_pretrained(hf_dir)
     for i, s in LAGUNA_SPECIALS.items():
         assert tok.convert_tokens_to_ids(s) == i, (s, i)
-    stream, conv_starts = agent_stream(tok, texts)
+    stream, conv_starts, assistant = agent_stream(tok, texts)
     code = []
     for p in code_files:
         code += tok(dp.read(p), add_special_tokens=False)["input_ids"] + [tt.EOS_TOKEN_ID]
@@ -187,9 +257,12 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     code_starts = len(stream) + rng.integers(0, len(code) - args.seq - 1, n_code)
     conv_starts = conv_starts[conv_starts < len(stream) - args.seq - 1]
+    # windows from the middle of conversations: later tasks and turns of long conversations
+    mid_starts = rng.integers(0, len(stream) - args.seq - 1, int(len(conv_starts) * args.mid_share / (1 - args.mid_share)))
     joined = np.concatenate([stream, code])
-    starts = np.concatenate([conv_starts, code_starts])
-    held_stream, _ = agent_stream(tok, [render(template, m, "reasoning_content" in m[1]) for m, _ in held])
+    trained = np.concatenate([assistant, np.ones(len(code), dtype=bool)])
+    starts = np.concatenate([conv_starts, mid_starts, code_starts])
+    held_stream, _, _ = agent_stream(tok, [render(template, m, "reasoning_content" in m[1]) for m, _ in held])
     log.record["corpus"] = {"conversations": len(texts), "agent_tokens": int(len(stream)), "code_tokens": int(len(code)),
                             "code_windows_share": args.code_share, "heldout_conversations": len(held),
                             "heldout_tokens": int(len(held_stream))}
@@ -204,12 +277,12 @@ def main(argv=None) -> int:
         torch.manual_seed(args.seed)
         small = LagunaForCausalLM(LagunaConfig(**target_config(args.stage1_layers))).float()
         l1 = dp.train_lm(args, log, small, joined, args.stage1_steps, args.lr, args.batch, args.seq, args.seed,
-                         "target stage 1", starts=starts)
+                         "target stage 1", starts=starts, trained=trained)
         h1 = dp.eval_loss(small, held_stream, args.seq)
         log.info(f"stage 1: train loss (avg20) {np.mean(l1[-20:]):.3f}, held-out conversations {h1:.3f}")
         target = dp.grow_depth(small, dp.N_LAYER, args.seed + 10, config_for=target_config)
         l2 = dp.train_lm(args, log, target, joined, args.stage2_steps, args.lr2, args.batch, args.seq, args.seed + 1,
-                         "target stage 2", starts=starts)
+                         "target stage 2", starts=starts, trained=trained)
         h2 = dp.eval_loss(target, held_stream, args.seq)
         log.info(f"stage 2: train loss (avg20) {np.mean(l2[-20:]):.3f}, held-out conversations {h2:.3f}")
         log.record["target"] = {"parameters": sum(p.numel() for p in target.parameters()),
@@ -247,6 +320,7 @@ def main(argv=None) -> int:
     log.record["command"] = "python scripts/train_agent_pair.py" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     log.save()
+    write_card(out, log.record)
     log.info(f"wrote {out}")
     return 0
 

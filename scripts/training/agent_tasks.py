@@ -9,7 +9,8 @@ contain, which is how held-out tasks are scored (:func:`score`).
 Families: where a function is defined (grep), what a module is for (read_file of its
 docstring), what a package holds (list_dir), evaluating expressions (run_python; two calls in
 one turn for two expressions), showing a definition's first lines (grep, then read_file: two
-steps), a missing module (a tool error handled), and a greeting (no tool). Subjects come from
+steps), a missing module (a tool error handled), a greeting (no tool), and repeating a phrase
+(no tool: copying, which the others rely on). Subjects come from
 the training modules; held-out tasks use the modules, packages and numbers the training never
 saw (``HELD_OUT`` of the demo pair, ``HELD_OUT_PACKAGES``).
 """
@@ -109,7 +110,7 @@ def _first_lines(result: str) -> tuple[str, int]:
 
 def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | None = None) -> Task:
     family = family or _pick(rng, ["find_def", "find_def", "module_doc", "list_pkg", "evaluate", "evaluate",
-                                   "two_exprs", "def_lines", "def_lines", "missing", "hello"])
+                                   "two_exprs", "def_lines", "def_lines", "missing", "hello", "repeat", "repeat"])
     if family == "find_def":
         name, file, line = _pick(rng, subj.functions)
         user = _pick(rng, [f"Where is the function `{name}` defined?", f"Which file defines `{name}`?",
@@ -186,6 +187,14 @@ def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | 
                                         content="Hello! I can list directories, read files, search the Python "
                                                 "sources and run Python code in this workspace. What would you like to know?")],
                     ["Hello"], None)
+    if family == "repeat":
+        # copying text from the request is most of what the other families need (names into
+        # tool arguments, values into answers); random phrases teach it without memorising
+        words = [_pick(rng, subj.functions)[0] for _ in range(int(rng.integers(2, 6)))]
+        words.insert(int(rng.integers(len(words) + 1)), str(int(rng.integers(10, 100000))))
+        phrase = " ".join(words)
+        user = _pick(rng, [f"Repeat exactly: {phrase}", f"Say back: {phrase}"])
+        return Task(family, user, [Step("The user wants the words back unchanged.", content=phrase)], [phrase], None)
     raise ValueError(f"unknown task family {family!r}")
 
 
@@ -235,6 +244,24 @@ def held_out_tasks(n: int = 10, seed: int = 1234, root: Path | None = None) -> l
     families = ["find_def", "module_doc", "list_pkg", "evaluate", "two_exprs", "def_lines", "missing", "find_def",
                 "evaluate", "module_doc"]
     return [make_task(ws, subj, rng, True, families[i % len(families)]) for i in range(n)]
+
+
+def well_formed(task: Task, transcript: list[dict]) -> tuple[bool, str]:
+    """The weaker bar: every tool call names a known tool with a JSON-object argument, the first
+    call uses the expected tool (whatever its arguments), and the agent ends with an answer."""
+    calls = [c for m in transcript if m.get("role") == "assistant" for c in (m.get("tool_calls") or [])]
+    names = {t["function"]["name"] for t in TOOLS}
+    for c in calls:
+        if c["function"]["name"] not in names or not isinstance(parse_arguments(c["function"]["arguments"]), dict):
+            return False, f"malformed tool call {c['function']}"
+    expected = task.first_call[0] if task.first_call else None
+    first = calls[0]["function"]["name"] if calls else None
+    if first != expected:
+        return False, f"first call {first}, expected {expected}"
+    final = transcript[-1] if transcript and transcript[-1].get("role") == "assistant" else {}
+    if final.get("tool_calls") or not (final.get("content") or "").strip():
+        return False, "no final answer"
+    return True, "well-formed"
 
 
 def score(task: Task, transcript: list[dict]) -> tuple[bool, str]:

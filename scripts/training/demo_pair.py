@@ -258,8 +258,9 @@ def grow_depth(small, n_layer: int, seed: int, config_for=None):
 
 
 def train_lm(args, log: Log, model, stream: np.ndarray, steps: int, lr: float, batch: int, seq: int,
-             seed: int, phase: str, starts: np.ndarray | None = None):
-    """Next-token training on windows of ``stream``: random ones, or ones beginning at ``starts``."""
+             seed: int, phase: str, starts: np.ndarray | None = None, trained: np.ndarray | None = None):
+    """Next-token training on windows of ``stream``: random ones, or ones beginning at ``starts``;
+    with ``trained`` (a bool per stream token), only those tokens are predicted (the loss)."""
     import torch
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8, fused=True)
@@ -273,9 +274,13 @@ def train_lm(args, log: Log, model, stream: np.ndarray, steps: int, lr: float, b
         for step in range(steps):
             picked = rng.integers(0, len(stream) - seq - 1, batch) if starts is None else rng.choice(starts, batch)
             x = torch.from_numpy(np.stack([stream[s:s + seq] for s in picked]).astype(np.int64))
+            labels = x
+            if trained is not None:
+                keep = torch.from_numpy(np.stack([trained[s:s + seq] for s in picked]))
+                labels = x.masked_fill(~keep, -100)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps, lr, warmup)
-            out = model(input_ids=x, labels=x, output_router_logits=True)
+            out = model(input_ids=x, labels=labels, output_router_logits=True)
             out.loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
