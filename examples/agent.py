@@ -240,14 +240,14 @@ def main(argv: list[str] | None = None) -> int:
     workspace = Workspace(root)
     if args.held_out:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-        from training.agent_tasks import held_out_tasks, score
+        from training.agent_tasks import held_out_tasks, score, well_formed
 
         tasks = held_out_tasks(10)
     else:
-        tasks, score = [args.task], None
+        tasks, score, well_formed = [args.task], None, None
 
     client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=600)
-    runs, solved = [], 0
+    runs, solved, formed = [], 0, 0
     try:
         models = [m.id for m in client.models.list().data]
         if not (args.model or models):
@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             if score:
                 ok, why = score(task, spec.transcript)
                 solved += ok
+                formed += well_formed(task, spec.transcript)[0]
                 console.print(f"  [{'green' if ok else 'red'}]{'solved' if ok else 'not solved'}: {escape(why)}[/]")
     except openai.APIConnectionError:
         return refuse(f"--base-url: no OpenAI API answers at {args.base_url} (start one: laguna-run serve --bundled agent)")
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         return refuse(f"the server at {args.base_url} answered {e.status_code}: {e.message}")
     console.rule()
     if score:
-        console.print(f"[bold]solved {solved}/{len(tasks)}[/]")
+        console.print(f"[bold]solved {solved}/{len(tasks)}[/] (the right tool, well-formed calls and an answer: "
+                      f"{formed}/{len(tasks)})")
     summary(console, runs)
     return 0
 
