@@ -11,8 +11,9 @@ conversation, so both engines see the same conversation. Per turn: prompt tokens
 time to first token (prefill of the new part, the drafter's capture included), decode tokens/s
 of each engine and their ratio. Per segment of the reply (reasoning, tool-call markup from
 ``<tool_call>`` to ``</tool_call>``, answer prose): mean accepted tokens per round and the
-speedup, from per-round timings (the time between consecutive round callbacks), a round counted
-in the segment its first drafted token falls in.
+speedup, from per-round timings (the time between consecutive round callbacks; a reply's first
+round is left out of the timing, its clock also ran through the prefill), a round counted in the
+segment its first drafted token falls in.
 
 One session is one measurement: the command fixes the task count, the seed and the depth; the
 spread printed is across turns.
@@ -117,20 +118,21 @@ def main() -> int:
                     prompt = target.tokenize(turn.prompt, add_special=not turn.prompt.startswith(bos), parse_special=True)
                     out, rounds = run_turn(spec, spec_clock, prompt, spec_opt)
                     pout, prounds = run_turn(plain, plain_clock, prompt, plain_opt)
-                    texts = [target.detokenize([t], special=True) for t in out.tokens]
+                    texts = [target.token_bytes(t, special=True).decode("utf-8", "replace") for t in out.tokens]
                     where = segments_of(texts, turn.reasoning)
                     pos = 0
-                    for r in rounds:
+                    for i, r in enumerate(rounds):
                         s = where[min(pos + 1, len(where) - 1)] if where else "answer"
                         made = r["accepted"] + 1 if r["depth"] else 1
                         seg[s]["rounds"] += bool(r["depth"])
                         seg[s]["accepted"] += r["accepted"] if r["depth"] else 0
-                        seg[s]["tokens"] += made
-                        seg[s]["seconds"] += r["seconds"]
+                        if i:  # the first round's clock also ran through the prefill
+                            seg[s]["tokens"] += made
+                            seg[s]["seconds"] += r["seconds"]
                         pos += made
-                    pwhere = segments_of([target.detokenize([t], special=True) for t in pout.tokens],
+                    pwhere = segments_of([target.token_bytes(t, special=True).decode("utf-8", "replace") for t in pout.tokens],
                                          turn.reasoning)
-                    for i, r in enumerate(prounds):
+                    for i, r in enumerate(prounds[1:], 1):
                         s = pwhere[min(i, len(pwhere) - 1)] if pwhere else "answer"
                         seg[s]["plain_tokens"] += 1
                         seg[s]["plain_seconds"] += r["seconds"]
