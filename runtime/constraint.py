@@ -104,7 +104,8 @@ class Constraint:
         (``choice={"type": "function", "function": {"name": NAME}}`` or ``NAME``), in
         the model's own markup: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>
         ...</tool_call>``, string values raw, others JSON valid under the parameter's schema."""
-        return cls("tool_calls", (tuple(json.dumps(t, sort_keys=True) for t in tools),
+        # key order kept: a call's arguments follow the order of the schema's properties
+        return cls("tool_calls", (tuple(json.dumps(t) for t in tools),
                                   json.dumps(choice, sort_keys=True), bool(parallel)), True, field, after_reasoning)
 
 
@@ -242,7 +243,8 @@ def precheck(constraint: Constraint) -> Constraint:
 
 def _cache_key(c: Constraint) -> str:
     try:
-        source = json.dumps(c.source, sort_keys=True)
+        # not sorted: two schemas that differ only in property order compile to different grammars
+        source = json.dumps(c.source)
     except (TypeError, ValueError, RecursionError):
         source = repr(c.source)
     return json.dumps([c.kind, source, c.strict, c.field, c.after_reasoning])

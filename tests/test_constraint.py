@@ -145,6 +145,31 @@ def test_tool_calls_in_laguna_markup_parse_and_validate(engine):
                 jsonschema.validate(value, schemas[name])
 
 
+@pytest.mark.parametrize("order", [("text", "path"), ("path", "text")])
+def test_tool_call_arguments_are_accepted_in_the_schema_order_whatever_it_is(target, order):
+    # the grammar once took the arguments in sorted key order: a model writing them in its
+    # schema's order (as the chat template renders past calls) was cut off after the first
+    props = {"text": {"type": "string"}, "path": {"type": "string"}}
+    tools = [{"type": "function", "function": {"name": "grep", "parameters": {
+        "type": "object", "properties": {k: props[k] for k in order}, "required": list(order)}}}]
+    call = "<tool_call>grep" + "".join(f"<arg_key>{k}</arg_key><arg_value>v {k}(</arg_value>" for k in order)
+    tokens = target.tokenize(call + "</tool_call>", add_special=False, parse_special=True)
+    matcher = compile_constraint(Constraint.tool_calls(tools), target).matcher()
+    assert matcher.try_consume(tokens) == len(tokens)
+    swapped = "<tool_call>grep" + "".join(f"<arg_key>{k}</arg_key><arg_value>v</arg_value>" for k in reversed(order))
+    tokens = target.tokenize(swapped, add_special=False, parse_special=True)
+    assert compile_constraint(Constraint.tool_calls(tools), target).matcher().try_consume(tokens) < len(tokens)
+
+
+def test_json_schemas_differing_only_in_property_order_are_compiled_apart(target):
+    a = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"]}
+    b = {"type": "object", "properties": {"y": {"type": "integer"}, "x": {"type": "integer"}}, "required": ["x", "y"]}
+    text = '{"x": 1, "y": 2}'
+    tokens = target.tokenize(text, add_special=False, parse_special=True)
+    assert compile_constraint(Constraint.json_schema(a), target).matcher().try_consume(tokens) == len(tokens)
+    assert compile_constraint(Constraint.json_schema(b), target).matcher().try_consume(tokens) < len(tokens)
+
+
 def test_gbnf_and_json_object(engine):
     res = run(engine, "def ok():\n    return ", Constraint.grammar('root ::= "True" | "False" | "None"'), 4)
     assert res.text in ("True", "False", "None") and res.stop_reason == "eog"
