@@ -279,6 +279,7 @@ def test_the_documented_error_table(models, monkeypatch):
         check(post(s, "/v1/completions", {"prompt": "x", "max_tokens": 5000}, **auth), "context_length_exceeded")
         check(post(s, "/v1/completions", "x" * (100 << 10), **auth), "request_too_large")
         check(post(s, "/v1/completions", {"prompt": "x"}), "invalid_api_key")
+        check(post(s, "/v1/completions", {"prompt": "x", "grammar": "root ::= ("}, **auth), "invalid_constraint")
         with httpx.Client(base_url=s.url, headers=auth) as h:
             check(h.get("/v1/nothing"), "not_found")
             check(h.get("/v1/completions"), "method_not_allowed")
