@@ -150,9 +150,19 @@ subjects of {n_held} stdlib modules and {n_pkgs} packages never seen in training
 
 Target: {s1} steps of an 8-layer model, grown to 24 layers (function-preserving, as for the code
 pair), {s2} more steps; windows of {seq} tokens, most starting at conversation starts; batches of {batch}.
-Held-out conversation loss {heldout:.3f} nats/token. Drafter: the target's own greedy replies to
+Loss on the assistant's tokens only (conversation windows) and on every token of the code
+windows; on held-out conversations, every token counted (tool results and requests included,
+which it was not trained to predict): {heldout:.3f} nats/token. Drafter: the target's own greedy replies to
 {dseqs} assistant-turn prompts, {dsteps} steps; held-out estimate (torch, n_max 4, {est_prompts}
 assistant turns): **{acc:.2f} accepted per round**, by depth {by_depth}.
+
+## What it can and cannot do
+
+On the 10 held-out tasks (`make demo-agent`, `docs/agent.md`) it calls the right tool with
+well-formed calls and ends with an answer every time, but it does not copy names and numbers from
+the request into the arguments (asked where `yiq_to_rgb` is defined, it greps for a name of its
+own), so it solves none of them: copying did not emerge within this CPU training budget. It is a
+pair for the chat format, tool-call plumbing and speculation on agent traffic, not an agent.
 
 ## Reproduce
 
