@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(1, str(ROOT / "scripts"))  # scripts/: recorded.py, training/
 sys.path.insert(1, str(ROOT / "examples"))
-from agent_tools import TOOLS, Workspace  # noqa: E402
+from agent_tools import TOOLS, Workspace, parse_arguments  # noqa: E402
 from recorded import command_line  # noqa: E402
 
 SEGMENTS = ("reasoning", "tool call", "answer")
@@ -160,8 +160,8 @@ def main() -> int:
                     for call in message["tool_calls"]:
                         n_call += 1
                         f = call["function"]
-                        args_ = json.loads(f["arguments"]) if isinstance(f["arguments"], str) else f["arguments"]
-                        messages.append({"role": "tool", "tool_call_id": call["id"], "content": ws.call(f["name"], args_)})
+                        messages.append({"role": "tool", "tool_call_id": call["id"],
+                                         "content": ws.call(f["name"], parse_arguments(f["arguments"]))})
     speedups = [t["speedup"] for t in turns if t["speedup"]]
     by_segment = {s: {"rounds": v["rounds"], "accepted_per_round": round(v["accepted"] / v["rounds"], 3) if v["rounds"] else None,
                       "tokens": v["tokens"],

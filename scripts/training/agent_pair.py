@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -306,13 +305,7 @@ def main(argv=None) -> int:
     target.eval()
     for p in target.parameters():
         p.requires_grad_(False)
-    log.info("converting the target to GGUF (Q8_0)")
-    tt.convert_to_gguf(hf_dir, out / TARGET_GGUF, "q8_0")
-    tdir = out / "tokenizer"
-    tdir.mkdir(exist_ok=True)
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (hf_dir / f).exists():
-            shutil.copy2(hf_dir / f, tdir / f)
+    dp.publish_target(log, hf_dir, out, TARGET_GGUF)
     log.save()
 
     ids = list(dp.DRAFTER_KW["target_layer_ids"])

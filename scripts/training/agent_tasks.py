@@ -246,19 +246,32 @@ def held_out_tasks(n: int = 10, seed: int = 1234, root: Path | None = None) -> l
     return [make_task(ws, subj, rng, True, families[i % len(families)]) for i in range(n)]
 
 
-def well_formed(task: Task, transcript: list[dict]) -> tuple[bool, str]:
-    """The weaker bar: every tool call names a known tool with a JSON-object argument, the first
-    call uses the expected tool (whatever its arguments), and the agent ends with an answer."""
+def _calls(transcript: list[dict]) -> tuple[list[dict], str | None]:
+    """The transcript's tool calls, and why one is malformed (a tool we do not have, arguments
+    that are not a JSON object), or None."""
     calls = [c for m in transcript if m.get("role") == "assistant" for c in (m.get("tool_calls") or [])]
     names = {t["function"]["name"] for t in TOOLS}
     for c in calls:
         if c["function"]["name"] not in names or not isinstance(parse_arguments(c["function"]["arguments"]), dict):
-            return False, f"malformed tool call {c['function']}"
+            return calls, f"malformed tool call {c['function']}"
+    return calls, None
+
+
+def _final(transcript: list[dict]) -> dict:
+    return transcript[-1] if transcript and transcript[-1].get("role") == "assistant" else {}
+
+
+def well_formed(task: Task, transcript: list[dict]) -> tuple[bool, str]:
+    """The weaker bar: every tool call names a known tool with a JSON-object argument, the first
+    call uses the expected tool (whatever its arguments), and the agent ends with an answer."""
+    calls, malformed = _calls(transcript)
+    if malformed:
+        return False, malformed
     expected = task.first_call[0] if task.first_call else None
     first = calls[0]["function"]["name"] if calls else None
     if first != expected:
         return False, f"first call {first}, expected {expected}"
-    final = transcript[-1] if transcript and transcript[-1].get("role") == "assistant" else {}
+    final = _final(transcript)
     if final.get("tool_calls") or not (final.get("content") or "").strip():
         return False, "no final answer"
     return True, "well-formed"
@@ -270,12 +283,9 @@ def score(task: Task, transcript: list[dict]) -> tuple[bool, str]:
     Solved: every tool call names a known tool with a JSON-object argument, the first call is
     the expected one (tool, argument), and the final answer contains every fact.
     """
-    calls = [c for m in transcript if m.get("role") == "assistant" for c in (m.get("tool_calls") or [])]
-    names = {t["function"]["name"] for t in TOOLS}
-    for c in calls:
-        args = parse_arguments(c["function"]["arguments"])
-        if c["function"]["name"] not in names or not isinstance(args, dict):
-            return False, f"malformed tool call {c['function']}"
+    calls, malformed = _calls(transcript)
+    if malformed:
+        return False, malformed
     if task.first_call is None:
         if calls:
             return False, "called a tool where none was needed"
@@ -287,7 +297,7 @@ def score(task: Task, transcript: list[dict]) -> tuple[bool, str]:
         got = parse_arguments(first["arguments"]).get(arg)
         if first["name"] != tool or got != value:
             return False, f"first call {first['name']}({arg}={got!r}), expected {tool}({arg}={value!r})"
-    final = transcript[-1] if transcript and transcript[-1].get("role") == "assistant" else {}
+    final = _final(transcript)
     answer = final.get("content") or ""
     missing = [f for f in task.facts if f not in answer]
     if final.get("tool_calls") or missing:

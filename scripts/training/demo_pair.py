@@ -332,6 +332,17 @@ def train_target(args, log: Log, stream: np.ndarray, heldout_stream: np.ndarray,
     return model
 
 
+def publish_target(log: Log, hf_dir: Path, out: Path, gguf_name: str) -> None:
+    """The trained target as shipped: its Q8_0 GGUF and its tokenizer files (those it has)."""
+    log.info("converting the target to GGUF (Q8_0)")
+    tt.convert_to_gguf(hf_dir, out / gguf_name, "q8_0")
+    tdir = out / "tokenizer"
+    tdir.mkdir(exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (hf_dir / f).exists():
+            shutil.copy2(hf_dir / f, tdir / f)
+
+
 def eval_loss(model, stream: np.ndarray, T: int, n: int = 8) -> float:
     import torch
 
@@ -851,13 +862,7 @@ def main(argv=None) -> int:
         target = train_target(args, log, stream, heldout_stream, hf_dir)
         tok.save_pretrained(hf_dir)
         log.record["target_seconds"] = round(time.time() - log.t0, 1)
-        log.info("converting the target to GGUF (Q8_0)")
-        tt.convert_to_gguf(hf_dir, out / TARGET_GGUF, "q8_0")
-        tdir = out / "tokenizer"
-        tdir.mkdir(exist_ok=True)
-        for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            if (hf_dir / f).exists():
-                shutil.copy2(hf_dir / f, tdir / f)
+        publish_target(log, hf_dir, out, TARGET_GGUF)
         log.save()
     for p in target.parameters():
         p.requires_grad_(False)
