@@ -23,6 +23,22 @@ def make_pool(target: Model, drafter_path, drafter_model: Model | None, parallel
     return SlotPool(engines, max_queue)
 
 
+def openai_client(server: "LiveServer", key: str = "unused", timeout: float = 120, **kw):
+    """The official client on a live server: no retries, so a failure shows as itself."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=timeout, **kw)
+
+
+def laguna_chat_server(models, **settings) -> "LiveServer":
+    """One slot with Laguna 2.1's own chat template (tests/fixtures) on the bundled pair."""
+    from laguna_chat import TEMPLATE_TEXT
+
+    target, path, drafter = models
+    return LiveServer(make_pool(target, path, drafter, parallel=1), chat_template=TEMPLATE_TEXT,
+                      chat_template_source="laguna-2.1-chat-template.jinja", **settings)
+
+
 class LiveServer:
     def __init__(self, pool: SlotPool, **settings) -> None:
         import uvicorn

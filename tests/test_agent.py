@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from agent import numbered_ids, run_task  # noqa: E402
 from agent_tools import TOOLS, Workspace  # noqa: E402
 from scripted_model import scripted  # noqa: E402
-from server_harness import LiveServer, make_pool  # noqa: E402
+from server_harness import LiveServer, make_pool, openai_client  # noqa: E402
 from training.agent_tasks import held_out_tasks, score, well_formed  # noqa: E402
 from training.demo_pair import stdlib_dir  # noqa: E402
 
@@ -67,7 +67,7 @@ def workspace():
 
 
 def client(s) -> "openai.OpenAI":
-    return openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+    return openai_client(s, timeout=600)  # an agent run is many turns
 
 
 def laguna_reply(step, thinking: bool) -> str:

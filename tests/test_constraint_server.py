@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 from laguna_dflash.runtime.chat_template import ChatTemplate  # noqa: E402
 from laguna_dflash.runtime.constraint import Constraint  # noqa: E402
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions  # noqa: E402
-from server_harness import TEMPLATE, LiveServer, make_pool  # noqa: E402
+from server_harness import TEMPLATE, LiveServer, make_pool, openai_client as client  # noqa: E402
 
 
 class Settings(pydantic.BaseModel):
@@ -43,9 +43,6 @@ def ref(models):
     with Engine(target, path, EngineConfig(n_ctx=2048, kv_type="f32", n_threads=1), drafter_model=drafter) as e:
         yield e
 
-
-def client(s) -> "openai.OpenAI":
-    return openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def test_openai_parse_with_a_pydantic_model_equals_the_python_api(srv, ref):

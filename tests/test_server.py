@@ -27,7 +27,7 @@ from laguna_dflash.runtime import assets  # noqa: E402
 from laguna_dflash.runtime.chat_template import ChatTemplate  # noqa: E402
 from laguna_dflash.runtime.cli import main as cli_main  # noqa: E402
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions  # noqa: E402
-from server_harness import TEMPLATE, LiveServer, make_pool  # noqa: E402
+from server_harness import TEMPLATE, LiveServer, make_pool, openai_client as client  # noqa: E402
 
 PROMPTS = [p[:160] for p in assets.read_prompts(assets.CODE_PROMPTS)]
 LOOPING = "def fib(n):\n"  # the bundled target's greedy answer runs 1500 tokens without an end (".0.0.0...")
@@ -48,8 +48,6 @@ def srv(models):
         yield s
 
 
-def client(s, key="unused", **kw) -> "openai.OpenAI":
-    return openai.OpenAI(base_url=s.url + "/v1", api_key=key, max_retries=0, timeout=120, **kw)
 
 
 def chat_tokens(eng: Engine, messages) -> list[int]:

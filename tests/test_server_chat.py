@@ -21,7 +21,7 @@ from laguna_chat import (HEAD, TEMPLATE_TEXT, TOOL_HISTORY, TOOL_HISTORY_RENDER,
                          laguna_template)
 from laguna_dflash.runtime.chat import message_from_deltas  # noqa: E402
 from scripted_model import scripted  # noqa: E402
-from server_harness import LiveServer, make_pool  # noqa: E402
+from server_harness import LiveServer, laguna_chat_server, make_pool, openai_client as client  # noqa: E402
 
 OK = [{"role": "user", "content": "Reply with OK."}]
 CALL = ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value><arg_key>days</arg_key>"
@@ -31,14 +31,9 @@ THINKING = {"enable_thinking": True}
 
 @pytest.fixture(scope="module")
 def srv(models):
-    target, path, drafter = models
-    with LiveServer(make_pool(target, path, drafter, parallel=1), chat_template=TEMPLATE_TEXT,
-                    chat_template_source="laguna-2.1-chat-template.jinja") as s:
+    with laguna_chat_server(models) as s:
         yield s
 
-
-def client(s) -> "openai.OpenAI":
-    return openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def post(s, path: str, body: dict) -> httpx.Response:

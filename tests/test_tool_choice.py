@@ -18,9 +18,8 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from laguna_chat import TEMPLATE_TEXT  # noqa: E402
 from scripted_model import scripted  # noqa: E402
-from server_harness import LiveServer, make_pool  # noqa: E402
+from server_harness import laguna_chat_server, openai_client as client  # noqa: E402
 
 # string arguments are bounded: the target, forced into an unbounded one, writes until max_tokens
 TOOLS = [
@@ -40,14 +39,9 @@ MAX_TOKENS = 200
 
 @pytest.fixture(scope="module")
 def srv(models):
-    target, path, drafter = models
-    with LiveServer(make_pool(target, path, drafter, parallel=1), chat_template=TEMPLATE_TEXT,
-                    chat_template_source="laguna-2.1-chat-template.jinja") as s:
+    with laguna_chat_server(models) as s:
         yield s
 
-
-def client(s) -> "openai.OpenAI":
-    return openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 def calls(message) -> list[tuple[str, dict]]:
