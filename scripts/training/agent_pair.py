@@ -36,6 +36,7 @@ import numpy as np
 from laguna_dflash.runtime import assets
 
 from . import agent_tasks as at
+from . import copy_curriculum as cc
 from . import demo_pair as dp
 from . import tiny_target as tt
 
@@ -194,6 +195,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--conversations", type=int, default=1600, help="synthetic training conversations")
     ap.add_argument("--code-share", type=float, default=0.2, help="share of training windows that are stdlib code")
+    ap.add_argument("--copy-steps", type=int, default=0,
+                    help="steps of the copy stage before the agent data (copy_curriculum.py); 0: none")
+    ap.add_argument("--copy-share", type=float, default=0.0,
+                    help="share of the agent stages' training windows that are copy examples")
     ap.add_argument("--stage1-layers", type=int, default=8)
     ap.add_argument("--stage1-steps", type=int, default=1500)
     ap.add_argument("--stage2-steps", type=int, default=100)
@@ -268,12 +273,19 @@ def main(argv=None) -> int:
     conv_starts = conv_starts[conv_starts < len(stream) - args.seq - 1]
     # windows from the middle of conversations: later tasks and turns of long conversations
     mid_starts = rng.integers(0, len(stream) - args.seq - 1, int(len(conv_starts) * args.mid_share / (1 - args.mid_share)))
-    joined = np.concatenate([stream, code])
-    trained = np.concatenate([assistant, np.ones(len(code), dtype=bool)])
-    starts = np.concatenate([conv_starts, mid_starts, code_starts])
+    n_windows = len(conv_starts) + len(mid_starts) + n_code
+    n_copy = int(n_windows * args.copy_share / (1 - args.copy_share)) if args.copy_share else 0
+    copy_ids, copy_mask, copy_starts = cc.stream(tok, max(1, 20 * n_copy), args.seed) if n_copy else \
+        (np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(0, np.int64))
+    copy_starts = copy_starts[copy_starts < len(copy_ids) - args.seq - 1]
+    copy_starts = len(stream) + len(code) + rng.choice(copy_starts, n_copy) if n_copy else copy_starts
+    joined = np.concatenate([stream, code, copy_ids])
+    trained = np.concatenate([assistant, np.ones(len(code), dtype=bool), copy_mask])
+    starts = np.concatenate([conv_starts, mid_starts, code_starts, copy_starts])
     held_stream, _, _ = agent_stream(tok, [render(template, m, "reasoning_content" in m[1]) for m, _ in held])
     log.record["corpus"] = {"conversations": len(texts), "agent_tokens": int(len(stream)), "code_tokens": int(len(code)),
-                            "code_windows_share": args.code_share, "heldout_conversations": len(held),
+                            "code_windows_share": args.code_share, "copy_tokens": int(len(copy_ids)),
+                            "copy_windows_share": args.copy_share, "heldout_conversations": len(held),
                             "heldout_tokens": int(len(held_stream))}
     log.info(f"corpus: {len(texts)} conversations, {len(stream):,} tokens (mean {len(stream) / len(texts):.0f}); "
              f"code {len(code):,} tokens; held out {len(held)} conversations")
@@ -285,6 +297,8 @@ def main(argv=None) -> int:
     else:
         torch.manual_seed(args.seed)
         small = LagunaForCausalLM(LagunaConfig(**target_config(args.stage1_layers))).float()
+        if args.copy_steps:
+            log.record["copy_stage"] = cc.train(args, log, small, tok, args.copy_steps)
         l1 = dp.train_lm(args, log, small, joined, args.stage1_steps, args.lr, args.batch, args.seq, args.seed,
                          "target stage 1", starts=starts, trained=trained)
         h1 = dp.eval_loss(small, held_stream, args.seq)
