@@ -79,8 +79,9 @@ class AutoDepth(DepthPolicy):
       1.5x its depth's cost. From plain decoding a visit is pure loss, so it counts all its
       rounds, the drafter's catch-up and a graph rebuild each way.
     * **Leaving plain decoding alone**: while fewer than ``min_evidence`` decayed drafting rounds
-      stand behind position 1, or some depth would beat plain decoding clearly enough with every
-      acceptance ``look_z`` standard errors higher, the next visit comes after
+      stand behind position 1, or no drafting depth was timed in the current context band, or
+      some depth would beat plain decoding clearly enough with every acceptance ``look_z``
+      standard errors higher, the next visit comes after
       ``min_explore_every`` rounds. Otherwise visits are at least two drafter windows
       (2 x ``window``) apart, and :meth:`plain_rounds_ahead` promises the stretch, so the
       engine's drafter reads the rows of only its last capture horizon.
@@ -252,7 +253,8 @@ class AutoDepth(DepthPolicy):
             return  # the visit goes on
         extra, self._visit_extra = self._visit_extra, 0.0
         if self.best == 0:
-            if self.accept.evidence(1) < self.min_evidence or self._drafting_could_win():
+            if (self.accept.evidence(1) < self.min_evidence or self._drafting_could_win()
+                    or not any(self.costs.timed_here(d) for d in range(1, self.max_depth + 1))):
                 self.explore_every = self.min_explore
                 self.next_explore = self.rounds + self.min_explore
                 return
