@@ -141,8 +141,9 @@ def test_a_jump_to_a_long_context_reaches_drafting_soon(sessions):
 def test_a_jump_back_to_a_short_context_returns_to_plain_decoding(sessions):
     """Back at 1k plain decoding wins again. Plain steps there were timed at the session's start,
     so the tuner that knows the context refits with them at the jump and leaves drafting within
-    DOWN_ROUNDS rounds; without it, plain decoding's cost is the 30k one it last measured, which
-    one exploring visit at a time cannot outvote, and it keeps drafting through the prompt."""
+    DOWN_ROUNDS rounds on every seed (measured: 0-37); without it, plain decoding's cost is the
+    30k one it last measured, which one exploring visit at a time cannot outvote, and it keeps
+    drafting through all four short prompts (measured: on every seed)."""
     new = [rounds_to_reach(log, *SHORT_AGAIN) for log in sessions[True]]
     old = [rounds_to_reach(log, *SHORT_AGAIN) for log in sessions[False]]
     assert all(r is not None and r <= DOWN_ROUNDS for r in new), new
