@@ -295,6 +295,7 @@ class Engine:
                 stop_reason = reason
                 break
             rec.mark("host")
+            policy.context(n_past)
             depth = min(policy.choose(), opts.n_predict - len(out) - 1, self.ctx.n_ctx - n_past - 2)
             rec.mark("policy")
 

@@ -151,6 +151,27 @@ def test_plain_steps_skip_only_rows_the_drafter_can_no_longer_see(target, drafte
     assert switches[True] == [True, False, True] and switches[False] == []
 
 
+class ContextRecorder(PlainThenDraft):
+    """PlainThenDraft that keeps every context length the engine tells it."""
+
+    def __init__(self, n_plain: int):
+        super().__init__(n_plain, honest=False)
+        self.told: list[int] = []
+
+    def context(self, n_past: int) -> None:
+        self.told.append(n_past)
+
+
+def test_the_policy_is_told_each_rounds_context_length(target, drafter_gguf):
+    """Before each choice the policy hears the round's n_past: the prompt plus every token kept,
+    through plain steps and drafting rounds alike (the tuner's costs belong to a context)."""
+    policy, starts = ContextRecorder(5), []
+    with engine_for(target, drafter_gguf) as eng:
+        eng.generate(PROMPT, GenerateOptions(n_predict=40, n_max=policy, trace=lambda r: starts.append(r["pos"])))
+    assert starts[0] == len(PROMPT) and len(starts) >= 8
+    assert policy.told == starts
+
+
 def test_after_a_promised_stretch_the_drafter_reads_only_the_capture_horizon(target, drafter_gguf):
     """Of a long promised stretch of plain steps, only the last ``capture_horizon`` read their
     rows for the drafter (here 8 of a 24-row window); greedy output is unchanged."""

@@ -2,8 +2,24 @@
 
 Rules:
 
-* A depth's own cost is the lower median of its last ``window`` timed rounds: one stall of a
-  shared machine moves it by one rank at most, and of two samples it takes the one not stalled.
+* A round's time belongs to the context it was taken at: samples are kept per context band
+  (a doubling of the context length, :func:`context_band`). A plain step, a 5-row verify and
+  the ratio between them all move with the context (on the bundled pair a depth-4 round costs
+  3.0 plain steps at 512 tokens, 2.6 at 2k, 2.0 at 8k, 1.9 at 32k): within a doubling the
+  ratio moves by about a tenth at most, as much as the margin a switch needs, across 32x it
+  moves by a third. Without context reports (:meth:`CostModel.set_context` never called)
+  every sample is in one band and the rules below are those of a single context.
+* A depth's own cost is the lower median of its last ``window`` timed rounds in the current
+  band: one stall of a shared machine moves it by one rank at most, and of two samples it
+  takes the one not stalled.
+* A depth timed only in other bands is projected from the nearest of them: its cost there
+  times how the cost of a reference depth timed in both bands changed between them (the
+  reference: the depth nearest to it, of those the one with the most rounds in the current
+  band; the incumbent is timed every round). The projection keeps the ratio between the two
+  depths, which is what goes stale (between plain decoding and depth 4 it moved by a third
+  over 32x; between neighbouring drafting depths, which differ by a row, much less), so a
+  projected cost weighs as PROJECTED_WEIGHT samples only and the policy re-times such depths
+  soon (``AutoDepth``); without a reference the cost is taken over unchanged.
 * A drafting round's time grows about linearly with its depth (one more verify row, one more
   draft row), so every timed drafting depth also informs the least-squares line through them
   all (slope never negative). A timed depth's estimate leans on that line as on LINE_WEIGHT
@@ -18,6 +34,9 @@ Rules:
 
 from __future__ import annotations
 
+#: Samples' worth of weight a cost projected from another context band gets (in the line, and
+#: against it): no round in this band stands behind it.
+PROJECTED_WEIGHT = 1
 #: Samples' worth of weight the line (or the neighbours' segment) gets against a depth's own median.
 LINE_WEIGHT = 3.0
 #: A timed depth this far off the line (relative to its own cost) means the costs are not a line ...
@@ -28,40 +47,86 @@ MISFIT_MIN_SAMPLES = 3
 _INF = float("inf")
 
 
+def context_band(n_past: int) -> int:
+    """The band of a context length: contexts within a doubling of each other share or neighbour one."""
+    return n_past.bit_length()
+
+
 class CostModel:
     def __init__(self, max_depth: int, window: int = 31) -> None:
         self.max_depth = max_depth
         self.window = window
-        self.cost: dict[int, float] = {}  # the lower median of each timed depth's recent rounds
-        self._times: dict[int, list[float]] = {}  # recent round times per depth (a ring)
-        self._ring_pos: dict[int, int] = {}
-        self._dirty: set[int] = set()
+        self.band = 0  # the context band of the rounds now being timed
+        self.cost: dict[int, float] = {}  # each depth's cost in the current band: own median or projected
+        self._weight: dict[int, int] = {}  # the rounds behind each entry of ``cost``
+        self._times: dict[tuple[int, int], list[float]] = {}  # recent round times per (depth, band), a ring
+        self._ring_pos: dict[tuple[int, int], int] = {}
+        self._median: dict[tuple[int, int], float] = {}
+        self._dirty: set[tuple[int, int]] = set()
+        self._stale = False  # whether ``cost`` must be rebuilt from ``_median``
+
+    def set_context(self, n_past: int) -> None:
+        """The context length of the rounds to come."""
+        band = context_band(n_past)
+        if band != self.band:
+            self.band, self._stale = band, True
 
     def add(self, depth: int, seconds: float) -> None:
-        """One timed round at ``depth``."""
-        ring = self._times.setdefault(depth, [])
+        """One timed round at ``depth`` (in the current context band)."""
+        key = (depth, self.band)
+        ring = self._times.setdefault(key, [])
         if len(ring) < self.window:
             ring.append(seconds)
         else:
-            ring[self._ring_pos.get(depth, 0)] = seconds
-            self._ring_pos[depth] = (self._ring_pos.get(depth, 0) + 1) % self.window
-        self._dirty.add(depth)
+            ring[self._ring_pos.get(key, 0)] = seconds
+            self._ring_pos[key] = (self._ring_pos.get(key, 0) + 1) % self.window
+        self._dirty.add(key)
 
     def medians(self) -> dict[int, float]:
-        """Each timed depth's own cost (the lower median of its ring)."""
-        for d in self._dirty:
-            ring = sorted(self._times[d])
-            self.cost[d] = ring[(len(ring) - 1) // 2]
+        """Each timed depth's cost in the current band (its own lower median, or projected)."""
+        if not self._dirty and not self._stale:
+            return self.cost
+        for key in self._dirty:
+            ring = sorted(self._times[key])
+            self._median[key] = ring[(len(ring) - 1) // 2]
         self._dirty.clear()
-        return self.cost
+        self._stale = False
+        band, cost, weight = self.band, self.cost, self._weight
+        cost.clear()
+        weight.clear()
+        elsewhere: dict[int, int] = {}  # depth -> the nearest other band it was timed in
+        for d, b in self._median:
+            if b == band:
+                cost[d], weight[d] = self._median[d, b], len(self._times[d, b])
+            elif d not in elsewhere or (abs(b - band), -b) < (abs(elsewhere[d] - band), -elsewhere[d]):
+                elsewhere[d] = b
+        for d, b in elsewhere.items():
+            if d not in cost:
+                cost[d], weight[d] = self._median[d, b] * self._band_ratio(d, b), PROJECTED_WEIGHT
+        return cost
+
+    def _band_ratio(self, depth: int, other: int) -> float:
+        """How much dearer a round at ``depth`` is in the current band than in ``other``, going by
+        the nearest depth timed in both (1 when none is)."""
+        both = [d for d, b in self._median if b == self.band and (d, other) in self._median]
+        if not both:
+            return 1.0
+        ref = min(both, key=lambda d: (abs(d - depth), -len(self._times[d, self.band])))
+        return self._median[ref, self.band] / self._median[ref, other]
 
     def samples(self, depth: int) -> int:
-        return len(self._times.get(depth, ()))
+        """Rounds behind ``depth``'s cost in the current band (those of the band projected from)."""
+        self.medians()
+        return self._weight.get(depth, 0)
+
+    def timed_here(self, depth: int) -> bool:
+        """Whether ``depth`` has rounds of its own in the current context band."""
+        return (depth, self.band) in self._times
 
     def estimates(self) -> list[float]:
         """The cost of a round at each depth 0..max_depth (inf: plain decoding never timed)."""
         self.medians()
-        timed = [(k, c, len(self._times[k])) for k, c in self.cost.items() if k > 0]
+        timed = [(k, c, self._weight[k]) for k, c in self.cost.items() if k > 0]
         slope, mx, my = 0.0, 0.0, _INF
         if timed:
             n = sum(w for _, _, w in timed)
@@ -87,7 +152,7 @@ class CostModel:
 
     def _lean(self, k: int, ref: float) -> float:
         """A timed depth's median, weighted by its samples, against ``ref`` weighted LINE_WEIGHT."""
-        w = len(self._times[k])
+        w = self._weight[k]
         return (w * self.cost[k] + LINE_WEIGHT * ref) / (w + LINE_WEIGHT)
 
     def _piecewise(self, timed: list[tuple[int, float]]) -> list[float]:

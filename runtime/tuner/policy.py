@@ -1,14 +1,15 @@
 """Depth policies: how many tokens to draft in the next round.
 
-The engine asks ``choose()`` before each round and reports back with ``observe(depth, accepted,
-t_round, t_catchup)``; depth 0 is a plain decoding step. How ``auto`` was tuned and judged:
+The engine tells the policy the round's context length with ``context(n_past)``, asks
+``choose()`` and reports back with ``observe(depth, accepted, t_round, t_catchup)``; depth 0 is a
+plain decoding step. How ``auto`` was tuned and judged:
 ``docs/autotune.md`` (the result) and ``docs/journal/autotune.md`` (the history).
 """
 
 from __future__ import annotations
 
 from .acceptance import AcceptanceModel
-from .costs import CostModel
+from .costs import CostModel, context_band
 
 #: Exploit no depth more than this beyond the deepest timed one: past it the cost is the line's
 #: extrapolation, and exploring visits (best+1, best+2) reach it a step or two at a time.
@@ -16,6 +17,9 @@ EXPLOIT_REACH = 2
 
 
 class DepthPolicy:
+    def context(self, n_past: int) -> None:
+        """The next round starts with ``n_past`` positions in the target's cache."""
+
     def choose(self) -> int:
         raise NotImplementedError
 
@@ -75,8 +79,9 @@ class AutoDepth(DepthPolicy):
       1.5x its depth's cost. From plain decoding a visit is pure loss, so it counts all its
       rounds, the drafter's catch-up and a graph rebuild each way.
     * **Leaving plain decoding alone**: while fewer than ``min_evidence`` decayed drafting rounds
-      stand behind position 1, or some depth would beat plain decoding clearly enough with every
-      acceptance ``look_z`` standard errors higher, the next visit comes after
+      stand behind position 1, or no drafting depth was timed in the current context band, or
+      some depth would beat plain decoding clearly enough with every acceptance ``look_z``
+      standard errors higher, the next visit comes after
       ``min_explore_every`` rounds. Otherwise visits are at least two drafter windows
       (2 x ``window``) apart, and :meth:`plain_rounds_ahead` promises the stretch, so the
       engine's drafter reads the rows of only its last capture horizon.
@@ -118,6 +123,7 @@ class AutoDepth(DepthPolicy):
         self._visit_left = 0  # rounds of it still to come
         self._visit_first, self._visit_extra = False, 0.0  # its first round not seen yet; its extra time
         self._timed = True  # whether this round's time says what its depth costs
+        self._context_known = False  # whether context() was called before
 
     # -- the models' view
 
@@ -141,6 +147,21 @@ class AutoDepth(DepthPolicy):
         return [e / c if c > 0 else 0.0 for e, c in zip(self.accept.expected_tokens(z), cost)]
 
     # -- the choice
+
+    def context(self, n_past: int) -> None:
+        costs = self.costs
+        if context_band(n_past) == costs.band and self._context_known:
+            return
+        costs.set_context(n_past)
+        if not self._context_known:
+            self._context_known = True
+            if not self.rounds:
+                return  # nothing timed yet: the first band is where timing starts
+        self._cost_cache = None
+        self._next_refit = min(self._next_refit, self.rounds)
+        if sum(1 for d in range(self.max_depth + 1) if costs.timed_here(d)) < 2:
+            self.explore_every = self.min_explore
+            self.next_explore = min(self.next_explore, self.rounds + self.min_explore)
 
     def _refit(self) -> int:
         self.accept.forget_unseen(self.rounds)
@@ -232,7 +253,8 @@ class AutoDepth(DepthPolicy):
             return  # the visit goes on
         extra, self._visit_extra = self._visit_extra, 0.0
         if self.best == 0:
-            if self.accept.evidence(1) < self.min_evidence or self._drafting_could_win():
+            if (self.accept.evidence(1) < self.min_evidence or self._drafting_could_win()
+                    or not any(self.costs.timed_here(d) for d in range(1, self.max_depth + 1))):
                 self.explore_every = self.min_explore
                 self.next_explore = self.rounds + self.min_explore
                 return
