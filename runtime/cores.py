@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, MutableMapping
 
+#: llama.cpp's thread pool refuses more (GGML_MAX_N_THREADS) with an abort
+MAX_THREADS = 512
 #: seconds of /proc/stat watched before choosing the thread count: 10 ticks per core at the
 #: usual 100 Hz tick, enough to tell a busy core (about 10) from an idle one (about 0)
 PROBE_S = 0.1
@@ -173,7 +175,7 @@ def threads_for_run(requested: int = 0, slots: int = 1) -> int:
     count = probe_cores()
     if count.free < count.usable:
         shorten_omp_spin()
-    return max(1, count.free // max(1, slots))
+    return max(1, min(MAX_THREADS, count.free // max(1, slots)))
 
 
 def busy_warning(others_busy: float | None) -> str | None:

@@ -135,6 +135,11 @@ def test_server_slots_share_the_free_cores(probed):
     assert cores.threads_for_run(0, slots=16) == 1
 
 
+def test_the_default_stays_within_what_llama_cpp_accepts(probed):
+    probed(CoreCount(1024, 0.0))
+    assert cores.threads_for_run(0) == cores.MAX_THREADS == 512
+
+
 def test_the_cli_passes_an_explicit_t_and_probes_without_one(probed):
     from laguna_dflash.runtime.cli.options import PairFlags, engine_config
 

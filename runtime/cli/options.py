@@ -22,12 +22,11 @@ from rich.console import Console
 from ...convert.errors import UserError
 
 from .. import assets
+from ..cores import MAX_THREADS, threads_for_run
 from ..request import GenerateOptions, RequestError, sampling_params
 
 err = Console(stderr=True)
 
-#: llama.cpp's thread pool refuses more (GGML_MAX_N_THREADS) with an abort
-MAX_THREADS = 512
 #: llama.cpp keeps sizes in 32-bit integers
 MAX_SIZE = (1 << 31) - 1
 #: the flag of each request field (runtime/request.py), for error messages
@@ -221,7 +220,6 @@ class _RpcPlacement:
 
 def engine_config(flags: PairFlags, prompt_cache: bool = True):
     """EngineConfig and Placement from the flags."""
-    from ..cores import threads_for_run
     from ..placement import resolve
 
     ngl = flags.n_gpu_layers
