@@ -6,11 +6,10 @@ probe of ``/proc/stat`` when the run starts. ggml's threads meet at a barrier af
 so one thread that shares its core with another process holds all the others back: on a 2-core
 machine with one busy loop, two threads decoded 2.65x slower than one (docs/busy-machine.md).
 
-Waiting threads: this llama-cpp-python build runs ggml's threads with OpenMP (libgomp), whose
-threads spin at a barrier before they sleep (``GOMP_SPINCOUNT``, about 3 ms by default);
-ggml's own ``poll`` setting is not read in an OpenMP build (docs/busy-machine.md has the file
-and line facts). When the machine is busy at the start, a short spin count is set before
-libgomp loads, unless the user set ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` already.
+Waiting threads are left to libgomp's defaults: this build runs ggml's threads with OpenMP,
+which never reads ggml's ``poll`` setting, and a shorter libgomp spin (``GOMP_SPINCOUNT``) cost
+nothing idle but decoded 3x slower beside a competitor that arrived mid-run
+(docs/busy-machine.md).
 
 Load meter (``CpuMeter``): CPU time the cores used that this process did not use, as cores'
 worth on average between two snapshots; ``laguna-run bench`` reports it, because tokens/s
@@ -22,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Callable, MutableMapping
+from typing import Callable
 
 #: llama.cpp's thread pool refuses more (GGML_MAX_N_THREADS) with an abort
 MAX_THREADS = 512
@@ -34,11 +33,6 @@ TAKEN_CORE = 0.5
 #: other processes using more than this many cores on average during a bench make its
 #: ratios suspect
 BUSY_WARN_CORES = 0.3
-#: libgomp's spin count at a barrier when the machine was busy at the start: about 0.1 ms by
-#: libgomp's own estimate of 100000 spins per ms (its default, 300000, is about 3 ms)
-BUSY_SPINCOUNT = "10000"
-#: environment variables through which a user already chose libgomp's waiting
-OMP_WAIT_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")
 
 # /proc/stat columns: user nice system idle iowait irq softirq steal guest guest_nice;
 # guest time is already counted in user and nice, so it is left out
@@ -145,36 +139,12 @@ def probe_cores(meter: CpuMeter | None = None, probe_s: float = PROBE_S,
     return CoreCount(len(meter.cpus), meter.others_busy_cores(before, meter.snapshot()))
 
 
-def libgomp_loaded(read_maps: Callable[[], str] = lambda: _read("/proc/self/maps")) -> bool | None:
-    """Whether the system's libgomp, the one llama.cpp's CPU backend links, is mapped into this
-    process (None: cannot tell). Wheels that bundle their own renamed copy (sentencepiece's
-    ``libgomp-<hash>.so``, loaded by gguf) do not count: that copy read the environment for itself."""
-    try:
-        maps = read_maps()
-    except OSError:
-        return None
-    return any(line.rpartition("/")[2].startswith("libgomp.so") for line in maps.splitlines())
-
-
-def shorten_omp_spin(environ: MutableMapping[str, str] | None = None,
-                     loaded: Callable[[], bool | None] = libgomp_loaded) -> bool:
-    """Set libgomp's barrier spin to BUSY_SPINCOUNT if it still can take effect (libgomp reads
-    its environment once, when it loads) and the user has not chosen; True when it was set."""
-    environ = os.environ if environ is None else environ
-    if any(v in environ for v in OMP_WAIT_VARS) or loaded() is not False:
-        return False
-    environ["GOMP_SPINCOUNT"] = BUSY_SPINCOUNT
-    return True
-
-
 def threads_for_run(requested: int = 0, slots: int = 1) -> int:
     """The CPU threads of each of ``slots`` engines: ``requested`` when given (> 0), else the
     free cores shared among the slots, at least 1 each."""
     if requested > 0:
         return requested
     count = probe_cores()
-    if count.free < count.usable:
-        shorten_omp_spin()
     return max(1, min(MAX_THREADS, count.free // max(1, slots)))
 
 

@@ -1,13 +1,11 @@
 """The default thread count counts the cores other processes leave free (runtime/cores.py): the
-/proc/stat arithmetic on fake snapshots, the affinity mask, an explicit -t winning, libgomp's
-spin count set before it loads, and bench saying when the machine was busy."""
+/proc/stat arithmetic on fake snapshots, the affinity mask, an explicit -t winning, and bench
+saying when the machine was busy."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -101,16 +99,15 @@ def test_the_real_probe_reads_this_machine():
 
 @pytest.fixture
 def probed(monkeypatch):
-    """Replace the probe by a fixed CoreCount and record the calls to it and to the spin setting."""
+    """Replace the probe by a fixed CoreCount and count the calls to it."""
     def use(count: CoreCount):
-        calls = {"probe": 0, "spin": 0}
+        calls = {"probe": 0}
 
         def probe():
             calls["probe"] += 1
             return count
 
         monkeypatch.setattr(cores, "probe_cores", probe)
-        monkeypatch.setattr(cores, "shorten_omp_spin", lambda: calls.__setitem__("spin", calls["spin"] + 1))
         return calls
 
     return use
@@ -119,14 +116,14 @@ def probed(monkeypatch):
 def test_an_explicit_thread_count_wins_without_a_probe(probed):
     calls = probed(CoreCount(2, 1.0))
     assert cores.threads_for_run(3) == 3 and cores.threads_for_run(1, slots=4) == 1
-    assert calls == {"probe": 0, "spin": 0}
+    assert calls == {"probe": 0}
 
 
-def test_the_default_is_the_free_cores_and_a_busy_start_shortens_the_spin(probed):
+def test_the_default_is_the_free_cores(probed):
     calls = probed(CoreCount(2, 1.0))
-    assert cores.threads_for_run(0) == 1 and calls == {"probe": 1, "spin": 1}
+    assert cores.threads_for_run(0) == 1 and calls == {"probe": 1}
     calls = probed(CoreCount(2, 0.1))
-    assert cores.threads_for_run(0) == 2 and calls == {"probe": 1, "spin": 0}
+    assert cores.threads_for_run(0) == 2 and calls == {"probe": 1}
 
 
 def test_server_slots_share_the_free_cores(probed):
@@ -160,36 +157,6 @@ def test_an_engine_counts_once_and_gives_the_drafter_the_same_threads(probed):
     with Engine.load(assets.TINY_TARGET, assets.converted_tiny_drafter(), EngineConfig(n_ctx=256, n_threads=2)) as e:
         assert e.ctx.n_threads == 2 and e.drafter.ctx.n_threads == 2
     assert calls["probe"] == 1
-
-
-# ------------------------------------------------------------------ libgomp's spin at a barrier
-
-
-def test_the_spin_is_shortened_only_when_the_user_has_not_chosen_and_libgomp_is_not_loaded():
-    env: dict[str, str] = {}
-    assert cores.shorten_omp_spin(env, loaded=lambda: False) and env == {"GOMP_SPINCOUNT": cores.BUSY_SPINCOUNT}
-    for chosen in ({"GOMP_SPINCOUNT": "300000"}, {"OMP_WAIT_POLICY": "active"}):
-        env = dict(chosen)
-        assert not cores.shorten_omp_spin(env, loaded=lambda: False) and env == chosen
-    for loaded in (True, None):  # too late, or cannot tell
-        env = {}
-        assert not cores.shorten_omp_spin(env, loaded=lambda: loaded) and env == {}
-
-
-def test_libgomp_takes_the_spin_count_set_before_llama_cpp_loads():
-    # gguf loads sentencepiece's own copy of libgomp first, as the CLI does when it opens the pair
-    script = ("import gguf\n"
-              "from laguna_dflash.runtime import cores\n"
-              "assert cores.libgomp_loaded() is False\n"
-              "assert cores.shorten_omp_spin()\n"
-              "import llama_cpp.llama_cpp\n"
-              "assert cores.libgomp_loaded() is True\n"
-              "assert not cores.shorten_omp_spin({})\n")
-    env = {k: v for k, v in os.environ.items() if k not in cores.OMP_WAIT_VARS}
-    env["OMP_DISPLAY_ENV"] = "verbose"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert f"GOMP_SPINCOUNT = '{cores.BUSY_SPINCOUNT}'" in out.stderr, out.stderr
 
 
 # ------------------------------------------------------------------ bench says when the machine was busy
@@ -231,9 +198,3 @@ def test_the_warning_threshold():
     assert cores.busy_warning(None) is None and cores.busy_warning(cores.BUSY_WARN_CORES) is None
     assert "1.3 cores busy" in cores.busy_warning(1.26)
 
-
-def test_a_bundled_copy_of_libgomp_is_not_the_one_llama_cpp_loads():
-    vendored = "7f00-7f01 r-xp 0 08:01 12 /venv/site-packages/sentencepiece.libs/libgomp-6a29c32d.so.1.0.0\n"
-    system = "7f02-7f03 r-xp 0 08:01 13 /usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0\n"
-    assert cores.libgomp_loaded(lambda: vendored) is False
-    assert cores.libgomp_loaded(lambda: vendored + system) is True
