@@ -3,7 +3,9 @@
 Runs are interleaved (prompt by prompt, every depth in turn, repeated) so that the machine's
 noise falls on every configuration alike; speedups are ratios to plain decoding measured in the
 same run. Greedy outputs are compared with plain decoding on the way: ``exact`` says whether
-every speculative output equalled it token for token.
+every speculative output equalled it token for token. ``machine_busy_cores`` says how many
+cores' worth of CPU time other processes used meanwhile (runtime/cores.py): beside another job
+the configurations compete for the cores unevenly, and the ratios mean less.
 """
 
 from __future__ import annotations
@@ -15,15 +17,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from .cores import CpuMeter
 from .engine import Engine, GenerateOptions, GenerationResult
 
 
 def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n_predict: int,
               repeats: int = 1, console: Console | None = None,
-              should_stop: Callable[[], bool] | None = None) -> dict:
+              should_stop: Callable[[], bool] | None = None, meter: CpuMeter | None = None) -> dict:
     """Measure every depth on every prompt. When ``should_stop`` says so (Ctrl-C), the prompt in
     progress is dropped and the result holds the prompts every depth completed
-    (``"interrupted": true``), so the ratios still compare the same work."""
+    (``"interrupted": true``), so the ratios still compare the same work. ``meter``: the load
+    meter of the machine (default: this process's cores, from /proc)."""
     configs = [0] + [d for d in depths if d != 0]
     tokens = defaultdict(int)
     seconds = defaultdict(float)
@@ -39,6 +43,8 @@ def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n
     measured = defaultdict(int)
     stop = should_stop or (lambda: False)
     interrupted = False
+    meter = meter or CpuMeter()
+    load_before = meter.snapshot()
 
     def generate(prompt: str, n: int, depth) -> GenerationResult | None:
         res = engine.generate(prompt, GenerateOptions(n_predict=n, n_max=depth, should_stop=should_stop))
@@ -85,6 +91,7 @@ def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n
                     add_counts(histogram[key], s.accepted_histogram)
                     if res.tokens != plain:
                         exact[key] = False
+    others_busy = meter.others_busy_cores(load_before, meter.snapshot())
     rows = []
     for content in prompt_sets:
         if not measured[content]:
@@ -105,7 +112,8 @@ def run_bench(engine: Engine, prompt_sets: dict[str, list[str]], depths: list, n
                                                    for a, d in zip(accepted_at[key], drafted_at[key])])
             rows.append(row)
     result = {"rows": rows, "n_predict": n_predict, "repeats": repeats,
-              "prompts": {k: len(v) for k, v in prompt_sets.items()}}
+              "prompts": {k: len(v) for k, v in prompt_sets.items()},
+              "machine_busy_cores": None if others_busy is None else round(others_busy, 2)}
     if interrupted:
         result["interrupted"] = True
         result["prompts_measured"] = {k: measured[k] for k in prompt_sets}

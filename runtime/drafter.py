@@ -57,7 +57,7 @@ class Drafter:
         n_batch = max(n_batch, self.spec.block_size)
         n_ubatch = microbatch_for_window(self.spec.sliding_window, n_batch, floor=max(64, self.spec.block_size))
         params = ContextParams(n_ctx=target_ctx.n_ctx, n_batch=n_batch, n_ubatch=n_ubatch,
-                               kv_type=kv_type, n_threads=n_threads or target_ctx.params.n_threads)
+                               kv_type=kv_type, n_threads=n_threads or target_ctx.n_threads)
         self.ctx = Context(self.model, params, other=target_ctx)
         self.ctx.set_causal(True)
         self._block = [self.spec.mask_token_id] * self.spec.block_size

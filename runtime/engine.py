@@ -136,6 +136,7 @@ class Engine:
         self.ctx = Context(target, ContextParams(
             n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
             n_threads=cfg.n_threads, swa_full=swa_full))
+        n_threads = self.ctx.n_threads  # the drafter's too: counted once, when the target's context opens
         self._auto = None
         self.prompt_cache = PromptCache(cfg.prompt_cache)
         self.last_stats: Stats | None = None
@@ -145,7 +146,7 @@ class Engine:
             if drafter_model is None and cfg.rpc:
                 drafter_model = self._owned_drafter = Model(draft_spec.path, n_gpu_layers=cfg.n_gpu_layers_draft)
             self.drafter = Drafter(draft_spec.path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
-                                   kv_type=cfg.kv_type, n_threads=cfg.n_threads, spec=draft_spec,
+                                   kv_type=cfg.kv_type, n_threads=n_threads, spec=draft_spec,
                                    check_target=False, model=drafter_model)
             self.drafter.enable_capture()
 

@@ -25,6 +25,7 @@ import llama_cpp.llama_cpp as ll
 from ..convert.gguf.rules import checked_header
 
 from . import bindings
+from .cores import threads_for_run
 from .errors import ClosedError, LlamaError
 
 GGUF_MAGIC = b"GGUF"
@@ -286,7 +287,7 @@ class ContextParams:
     n_ctx: int = 4096
     n_batch: int = 512
     n_ubatch: int = 512
-    n_threads: int = 0  # 0: all cores
+    n_threads: int = 0  # 0: the free cores (runtime/cores.py)
     kv_type: str = "f16"  # "f32" for bit-exact comparisons with a reference
     swa_full: bool = False
     flash_attn: bool = False
@@ -311,9 +312,9 @@ class Context:
         cp.n_batch = p.n_batch
         cp.n_ubatch = p.n_ubatch
         cp.n_seq_max = 1
-        threads = p.n_threads or (os.cpu_count() or 1)
-        cp.n_threads = threads
-        cp.n_threads_batch = threads
+        self.n_threads = threads_for_run(p.n_threads)
+        cp.n_threads = self.n_threads
+        cp.n_threads_batch = self.n_threads
         cp.type_k = _KV_TYPES[p.kv_type]
         cp.type_v = _KV_TYPES[p.kv_type]
         cp.swa_full = p.swa_full

@@ -20,10 +20,12 @@ class Placement:
     draft_device: str
     n_gpu_layers: int
     n_gpu_layers_draft: int
+    n_threads: int | None = None  # CPU threads of each context, once chosen (runtime/cores.py)
 
     def describe(self) -> str:
+        threads = f", {self.n_threads} CPU thread{'s' * (self.n_threads != 1)}" if self.n_threads else ""
         return (f"target on {self.target_device} (ngl {self.n_gpu_layers}), "
-                f"drafter on {self.draft_device} (ngld {self.n_gpu_layers_draft})")
+                f"drafter on {self.draft_device} (ngld {self.n_gpu_layers_draft}){threads}")
 
 
 def gpu_available() -> bool:

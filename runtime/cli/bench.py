@@ -47,6 +47,7 @@ def bench(
 ) -> None:
     """Tokens/s of plain decoding and of each draft depth, measured in one process (greedy)."""
     from ..bench import SWEEP_CONTENT, SWEEP_DEPTHS, acceptance_table, bench_table, plot, run_bench
+    from ..cores import busy_warning
     from ..suites import load_suite, parse_suite_names, suite_file
 
     # every flag and input is checked before the first model loads: a bench must not lose its
@@ -124,6 +125,9 @@ def bench(
         Console(stderr=True).print(bench_table(result))
         Console(stderr=True).print(acceptance_table(result))
         failed.append(OutputFailed(f"{e}; the table was written to stderr instead"))
+    warning = busy_warning(result["machine_busy_cores"])
+    if warning:
+        err.print(warning, markup=False, highlight=False, soft_wrap=True)
     if failed:
         raise failed[0]
     if ctrl_c.requested:

@@ -22,12 +22,11 @@ from rich.console import Console
 from ...convert.errors import UserError
 
 from .. import assets
+from ..cores import MAX_THREADS, threads_for_run
 from ..request import GenerateOptions, RequestError, sampling_params
 
 err = Console(stderr=True)
 
-#: llama.cpp's thread pool refuses more (GGML_MAX_N_THREADS) with an abort
-MAX_THREADS = 512
 #: llama.cpp keeps sizes in 32-bit integers
 MAX_SIZE = (1 << 31) - 1
 #: the flag of each request field (runtime/request.py), for error messages
@@ -64,7 +63,8 @@ DraftOpt = Annotated[Optional[Path], _flag(
 NMaxOpt = Annotated[Optional[str], _flag("--n-max", "--draft-max", show_default=False, help=(
     "Draft depth per round: 0 = no speculation, 1..15, or 'auto' (tuned online). Default: 4 with a drafter, "
     "0 without."))]
-ThreadsOpt = Annotated[int, _flag("-t", "--threads", help="CPU threads (0: all cores).")]
+ThreadsOpt = Annotated[int, _flag("-t", "--threads", help=(
+    "CPU threads (0: the cores no other process keeps busy when the run starts)."))]
 # serve's bounds (runtime/server/guards.py)
 MaxBodyBytesOpt = Annotated[Optional[int], _flag("--max-body-bytes", show_default=False, help=(
     "Largest request body in bytes; a larger one is answered 413 before it is parsed. Default: 1 MiB + 64 bytes "
@@ -117,7 +117,7 @@ class PairFlags:
         check_range("-c/--ctx-size", self.ctx_size, 1)
         check_range("-b/--batch-size", self.batch_size, 1)
         check_range("-ub/--ubatch-size", self.ubatch_size, 0, note=" (0: fit the sliding window)")
-        check_range("-t/--threads", self.threads, 0, MAX_THREADS, " (0: all cores)")
+        check_range("-t/--threads", self.threads, 0, MAX_THREADS, " (0: the free cores)")
         if self.bundled not in assets.BUNDLED:
             raise UserError(f"--bundled: expected one of {', '.join(assets.BUNDLED)}, found {self.bundled!r}")
         if self.cache_type not in ("f16", "f32"):
@@ -220,7 +220,6 @@ class _RpcPlacement:
 
 def engine_config(flags: PairFlags, prompt_cache: bool = True):
     """EngineConfig and Placement from the flags."""
-    from ..engine import EngineConfig
     from ..placement import resolve
 
     ngl = flags.n_gpu_layers
@@ -237,10 +236,15 @@ def engine_config(flags: PairFlags, prompt_cache: bool = True):
             raise UserError(f"--rpc-timeout: expected seconds >= 0 (0: forever), found {flags.rpc_timeout}")
         if ngl is not None:
             check_range("-ngl/--n-gpu-layers", ngl, 1, note=" (with --rpc: the last N layers go to the servers)")
+    # before anything loads llama.cpp: the probe must not see our own load, and libgomp reads
+    # its spin setting when it loads
+    threads = threads_for_run(flags.threads)
     placement = resolve(flags.device, flags.draft_device, None if flags.rpc else ngl, flags.n_gpu_layers_draft,
                         flags.force_placement)
+    from ..engine import EngineConfig
+
     cfg = EngineConfig(n_ctx=flags.ctx_size, n_batch=flags.batch_size,
-                       n_ubatch=min(flags.ubatch_size, flags.batch_size) or None, n_threads=flags.threads,
+                       n_ubatch=min(flags.ubatch_size, flags.batch_size) or None, n_threads=threads,
                        n_gpu_layers=placement.n_gpu_layers, n_gpu_layers_draft=placement.n_gpu_layers_draft,
                        kv_type=flags.cache_type, verbose=flags.verbose, prompt_cache=prompt_cache)
     if flags.rpc is not None:
@@ -248,6 +252,8 @@ def engine_config(flags: PairFlags, prompt_cache: bool = True):
         cfg.n_gpu_layers = ngl or 0  # 0: every layer (the head stays here)
         cfg.rpc_local_gpu = placement.target_device == "cuda"
         placement = _RpcPlacement(cfg)
+    else:
+        placement = dataclasses.replace(placement, n_threads=threads)
     return cfg, placement
 
 

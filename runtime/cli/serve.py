@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from pathlib import Path
@@ -16,13 +15,14 @@ import typer
 from ...convert.errors import UserError
 
 from .. import assets
+from ..cores import threads_for_run
 from ..server.guards import exposure_problem
 from .chat import ChatTemplateFileOpt, ChatTemplateKwargsOpt, read_template_file, template_kwargs
 from .options import (Command, ExposeOpt, MaxBodyBytesOpt, NMaxOpt, PairFlags, ShutdownTimeoutOpt, check_range,
                       engine_config, pair_flags, request_options, switch)
 
 ThreadsPerSlotOpt = Annotated[int, typer.Option("-t", "--threads", help=(
-    "CPU threads per slot (0: the cores divided among the slots)."))]
+    "CPU threads per slot (0: the cores free when the server starts, divided among the slots)."))]
 
 serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
 
@@ -104,8 +104,7 @@ def serve(
     depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
     (default,) = request_options([depth], pair, flags)
     depth = default.n_max
-    if flags.threads == 0:
-        flags.threads = max(1, (os.cpu_count() or 1) // parallel)
+    flags.threads = threads_for_run(flags.threads, slots=parallel)
 
     import uvicorn
 
