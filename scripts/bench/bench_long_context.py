@@ -10,7 +10,8 @@ ending with the first 384 tokens of a held-out module (one prompt per module of 
 every context length continues the same code; the engine (F32 cache, prompt cache on) prefills it
 once per repetition (timed: prefill with the drafter's capture),
 then generates ``--n-predict`` tokens greedily at depth 0 (plain) and at each depth of
-``--depths`` from the cached prompt, so only decoding is timed. Contexts, and depths within a
+``--depths`` (``auto``: the engine's one tuner, which carries what it learnt from context to
+context as a server's does) from the cached prompt, so only decoding is timed. Contexts, and depths within a
 context, run interleaved, ``--repeats`` rounds. Statistic (fixed before the run): per context and
 depth the median over repetitions of decode tokens/s (all prompts' tokens over their time), with min-max; the speedup is the best depth's median over
 plain's median, and the verdict is speedup(longest) / speedup(shortest) against issue 32's 0.9.
@@ -97,7 +98,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pair", default="code", help="bundled pair: code or agent (default: %(default)s)")
     ap.add_argument("--contexts", default="1024,8192,16384,32768", help="context lengths, tokens")
-    ap.add_argument("--depths", default="2,4,8", help="speculative depths (plain decoding always runs)")
+    ap.add_argument("--depths", default="2,4,8",
+                    help="speculative depths, 'auto' among them for the tuner (plain decoding always runs)")
     ap.add_argument("--n-predict", type=int, default=96,
                     help="tokens per run; more than the sliding window (128 on the bundled pairs) and the next "
                          "run cannot take the prompt from the cache")
@@ -108,7 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--png", type=Path)
     args = ap.parse_args(argv)
     contexts = [int(c) for c in args.contexts.split(",")]
-    depths = [0] + [int(d) for d in args.depths.split(",")]
+    depths: list[int | str] = [0] + [d if d == "auto" else int(d) for d in args.depths.split(",")]
+    fixed = [d for d in depths[1:] if d != "auto"]
 
     from laguna_dflash.runtime.engine import GenerateOptions
 
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
                 for prompt in prompts[L]:
                     engine.reset()
                     # a one-token run prefills the context with the drafter capturing it
-                    r = engine.generate(prompt, GenerateOptions(n_predict=1, n_max=depths[-1]))
+                    r = engine.generate(prompt, GenerateOptions(n_predict=1, n_max=max(fixed)))
                     prefill[L].append(r.stats.t_prefill)
                     order = depths if rep % 2 == 0 else depths[::-1]
                     done = {}
@@ -151,7 +154,7 @@ def main(argv=None) -> int:
                                 "accepted_per_round": statistics.median(m["accepted_per_round"] for m in ms),
                                 **{k: statistics.median(m[k] for m in ms) for k in ("draft_ms", "verify_ms", "rest_ms")},
                                 "diverged_at": [m["diverged_at"] for m in ms]}
-        best = max(depths[1:], key=lambda d: row["depths"][d]["speedup"])
+        best = max(fixed, key=lambda d: row["depths"][d]["speedup"])
         row["best_depth"], row["best_speedup"] = best, row["depths"][best]["speedup"]
         table.append(row)
     verdict = table[-1]["best_speedup"] / table[0]["best_speedup"]
@@ -163,9 +166,10 @@ def main(argv=None) -> int:
         print(f"{row['context']:>7}  {row['prefill_s']['median']:6.2f}  {p['tokens_per_s']['median']:7.1f} "
               f"({p['tokens_per_s']['min']:.0f}-{p['tokens_per_s']['max']:.0f})  d{row['best_depth']:<3} "
               f"{row['best_speedup']:6.2f}x  {b['accepted_per_round']:6.2f}  "
-              f"{b['draft_ms']:.2f}/{b['verify_ms']:.2f}/{b['rest_ms']:.2f}")
+              f"{b['draft_ms']:.2f}/{b['verify_ms']:.2f}/{b['rest_ms']:.2f}"
+              + (f"  auto {row['depths']['auto']['speedup']:.2f}x" if "auto" in row["depths"] else ""))
     print(f"speedup at {contexts[-1]} / speedup at {contexts[0]}: {verdict:.2f} (issue 32's bar: >= 0.9)")
-    diverged = sorted({(row["context"], d) for row in table for d in depths
+    diverged = sorted({(row["context"], str(d)) for row in table for d in depths
                        if any(i is not None for rep in row["depths"][d]["diverged_at"] for i in rep)})
     if diverged:
         print(f"output differed from the same repetition's plain run (context, depth): {diverged}; each run starts "
@@ -181,7 +185,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def plot(table: list[dict], depths: list[int], path: Path, pair: str) -> None:
+def plot(table: list[dict], depths: list, path: Path, pair: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -191,10 +195,10 @@ def plot(table: list[dict], depths: list[int], path: Path, pair: str) -> None:
     xs = [r["context"] for r in table]
     for d in depths:
         a.plot(xs, [r["depths"][d]["tokens_per_s"]["median"] for r in table], marker="o",
-               label="plain" if d == 0 else f"depth {d}")
+               label="plain" if d == 0 else "auto" if d == "auto" else f"depth {d}")
     a.set(xscale="log", xlabel="context, tokens", ylabel="decode tokens/s (median)", title=f"{pair} pair")
     a.legend()
-    d = max(depths)
+    d = max(d for d in depths if d != "auto")
     parts = ("draft_ms", "verify_ms", "rest_ms")
     bottom = [0.0] * len(xs)
     for part in parts:
