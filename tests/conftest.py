@@ -27,13 +27,7 @@ def tiny_target() -> dict[str, Path]:
 def models():
     """The bundled pair loaded once per test module: the target Model, the converted drafter's
     path and its Model (the server tests build slots and reference engines over them)."""
-    from laguna_dflash.convert.poolside import native_drafter_path
-    from laguna_dflash.runtime import assets
-    from laguna_dflash.runtime.llama import Model
+    from server_harness import bundled_models
 
-    target = Model(assets.TINY_TARGET)
-    drafter_path = native_drafter_path(assets.converted_tiny_drafter(), target.path)
-    drafter = Model(drafter_path)
-    yield target, drafter_path, drafter
-    drafter.close()
-    target.close()
+    with bundled_models("code") as loaded:
+        yield loaded

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from contextlib import contextmanager
 
 from laguna_dflash.runtime.engine import Engine, EngineConfig
 from laguna_dflash.runtime.llama import Model
@@ -14,6 +15,24 @@ from laguna_dflash.runtime.server.pool import SlotPool
 #: a Laguna-style template for the bundled target, whose GGUF has none
 TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@contextmanager
+def bundled_models(bundled: str = "code"):
+    """A bundled pair (``assets.BUNDLED``) loaded: the target Model, the converted drafter's path
+    and its Model; both closed on exit."""
+    from laguna_dflash.convert.poolside import native_drafter_path
+    from laguna_dflash.runtime import assets
+
+    _, target_path, convert = assets.BUNDLED[bundled]
+    target = Model(target_path)
+    drafter_path = native_drafter_path(convert(), target.path)
+    drafter = Model(drafter_path)
+    try:
+        yield target, drafter_path, drafter
+    finally:
+        drafter.close()
+        target.close()
 
 
 def make_pool(target: Model, drafter_path, drafter_model: Model | None, parallel: int = 1, max_queue: int = 8,

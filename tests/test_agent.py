@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from agent import numbered_ids, run_task  # noqa: E402
 from agent_tools import TOOLS, Workspace  # noqa: E402
 from scripted_model import scripted  # noqa: E402
-from server_harness import LiveServer, make_pool, openai_client  # noqa: E402
+from server_harness import LiveServer, bundled_models, make_pool, openai_client  # noqa: E402
 from training.agent_tasks import held_out_tasks, score, well_formed  # noqa: E402
 from training.demo_pair import stdlib_dir  # noqa: E402
 
@@ -35,16 +35,8 @@ LOOP_TASKS = ("two_exprs", "def_lines", "missing")
 
 @pytest.fixture(scope="module")
 def agent_pair():
-    from laguna_dflash.convert.poolside import native_drafter_path
-    from laguna_dflash.runtime import assets
-    from laguna_dflash.runtime.llama import Model
-
-    target = Model(assets.AGENT_TARGET)
-    drafter_path = native_drafter_path(assets.converted_agent_drafter(), target.path)
-    drafter = Model(drafter_path)
-    yield target, drafter_path, drafter
-    drafter.close()
-    target.close()
+    with bundled_models("agent") as loaded:
+        yield loaded
 
 
 @pytest.fixture(scope="module")
