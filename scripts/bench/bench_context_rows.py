@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(1, str(ROOT / "scripts"))
+from arguments import int_list  # noqa: E402
 from recorded import command_line  # noqa: E402
 
 
@@ -37,8 +38,8 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", type=Path, required=True, help="target GGUF")
-    ap.add_argument("--contexts", default="1024,8192,16384,32768")
-    ap.add_argument("--depths", default="2,4,8", help="verify passes of depth + 1 rows")
+    ap.add_argument("--contexts", type=int_list(1, 1 << 20), default=(1024, 8192, 16384, 32768))
+    ap.add_argument("--depths", type=int_list(1, 15), default=(2, 4, 8), help="verify passes of depth + 1 rows")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv-type", default="f16")
@@ -48,8 +49,8 @@ def main(argv=None) -> int:
     if not args.model.is_file():
         print(f"bench_context_rows: -m: expected a target GGUF, found no file at {args.model}", file=sys.stderr)
         return 2
-    contexts = [int(c) for c in args.contexts.split(",")]
-    rows = [1] + [int(d) + 1 for d in args.depths.split(",")]
+    contexts = list(args.contexts)
+    rows = [1] + [d + 1 for d in args.depths]
 
     import numpy as np
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(1, str(ROOT / "scripts"))
+from arguments import int_list  # noqa: E402
 from recorded import command_line  # noqa: E402
 
 
@@ -44,8 +45,6 @@ def prompts_for(engine, n: int, n_tails: int) -> list[list[int]]:
     from training.demo_pair import held_out_files, stdlib_dir
 
     held = held_out_files()
-    if n_tails > len(held):
-        raise SystemExit(f"bench_long_context: --tails: at most {len(held)}")
     filler: list[int] = []
     for p in sorted(p for p in stdlib_dir().glob("*.py") if p not in set(held)):
         filler += engine.tokenize(p.read_text(encoding="utf-8", errors="replace") + "\n\n", add_bos=not filler)
@@ -96,9 +95,10 @@ def main(argv=None) -> int:
     from rich.progress import Progress
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pair", default="code", help="bundled pair: code or agent (default: %(default)s)")
-    ap.add_argument("--contexts", default="1024,8192,16384,32768", help="context lengths, tokens")
-    ap.add_argument("--depths", default="2,4,8",
+    ap.add_argument("--pair", default="code", choices=("code", "agent"), help="bundled pair (default: %(default)s)")
+    ap.add_argument("--contexts", type=int_list(TAIL + 1, 1 << 20), default=(1024, 8192, 16384, 32768),
+                    help="context lengths, tokens")
+    ap.add_argument("--depths", type=int_list(1, 15, words=("auto",)), default=(2, 4, 8),
                     help="speculative depths, 'auto' among them for the tuner (plain decoding always runs)")
     ap.add_argument("--n-predict", type=int, default=96,
                     help="tokens per run; more than the sliding window (128 on the bundled pairs) and the next "
@@ -109,9 +109,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     args = ap.parse_args(argv)
-    contexts = [int(c) for c in args.contexts.split(",")]
-    depths: list[int | str] = [0] + [d if d == "auto" else int(d) for d in args.depths.split(",")]
+    contexts = list(args.contexts)
+    depths: list[int | str] = [0, *args.depths]
     fixed = [d for d in depths[1:] if d != "auto"]
+    if not fixed:
+        ap.error("--depths: at least one fixed depth besides auto")
+    from training.demo_pair import held_out_files
+
+    if not 1 <= args.tails <= len(held_out_files()):
+        ap.error(f"--tails: 1..{len(held_out_files())} (the held-out modules), found {args.tails}")
 
     from laguna_dflash.runtime.engine import GenerateOptions
 

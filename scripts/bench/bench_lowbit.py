@@ -56,6 +56,7 @@ from rich.table import Table  # noqa: E402
 
 from laguna_dflash.convert.quantize import OutType  # noqa: E402
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
+from arguments import int_list  # noqa: E402
 from recorded import command_line  # noqa: E402
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -453,11 +454,7 @@ def plot(res: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def depth_list(text: str) -> tuple[int, ...]:
-    out = tuple(int(x) for x in text.split(","))
-    if not out or any(not 1 <= k <= 15 for k in out):
-        raise argparse.ArgumentTypeError(f"depths in 1..15, comma-separated; found {text!r}")
-    return out
+depth_list = int_list(1, 15)
 
 
 def main() -> int:

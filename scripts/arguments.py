@@ -1,0 +1,23 @@
+"""Argument types the benchmark scripts share: a malformed value is argparse's one-line error
+and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+
+def int_list(lo: int, hi: int, words: tuple[str, ...] = ()) -> Callable[[str], tuple]:
+    """A comma-separated list of integers in ``lo..hi`` (and any of ``words``, kept as text)."""
+
+    def parse(text: str) -> tuple:
+        try:
+            out = tuple(x if x in words else int(x) for x in text.split(","))
+        except ValueError:
+            out = ()
+        if not out or any(not isinstance(x, str) and not lo <= x <= hi for x in out):
+            extra = "".join(f" or {w}" for w in words)
+            raise argparse.ArgumentTypeError(f"integers in {lo}..{hi}{extra}, comma-separated; found {text!r}")
+        return out
+
+    return parse
