@@ -5,6 +5,7 @@ code; and the serve command's exposure rule and its shutdown on SIGTERM/SIGINT."
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import signal
@@ -479,5 +480,123 @@ def test_a_signal_stops_a_server_whose_templates_hang(tmp_path):
             t.join(10)
         assert len(answers) == 8 and set(answers) <= {"template_error", "queue_full", "shutting_down", "ConnectError"}
         assert "template_error" in answers, answers
+    finally:
+        srv.stop()
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict | None]:
+    """The status and JSON body of one complete HTTP/1.1 answer on ``sock`` (by its
+    Content-Length); a connection that ends before that raises ConnectionError."""
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
+        part = sock.recv(65536)
+        if not part:
+            raise ConnectionError(f"the connection ended after {len(data)} bytes of the answer")
+        data += part
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body[:_length(data)])
+
+
+def stop_between_system_calls(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGSTOP ``proc`` while its main thread is blocked in a system call (an idle event loop: in
+    its poll), not running Python, so that when it runs on it polls before it runs anything."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc.send_signal(signal.SIGSTOP)
+        while _state(proc.pid) != "T":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        with open(f"/proc/{proc.pid}/syscall") as f:
+            if not f.read().startswith("-1 "):  # -1: stopped between system calls
+                return
+        proc.send_signal(signal.SIGCONT)
+        assert time.monotonic() < deadline, "the server never stopped inside a system call"
+        time.sleep(0.03)
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def completion_request(body: dict) -> bytes:
+    text = json.dumps(body)
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(text)}\r\n\r\n{text}").encode()
+
+
+def answer_of(sock: socket.socket):
+    """(status, error code) of the answer on ``sock``, (200, "served"), or the name of the error
+    a reset or an early close raised."""
+    try:
+        status, answer = read_response(sock)
+    except OSError as e:
+        return type(e).__name__
+    return status, answer["error"]["code"] if status != 200 else "served"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/syscall"), reason="needs /proc/PID/syscall and SIGSTOP")
+def test_connections_waiting_in_the_backlog_when_the_signal_comes_are_answered_not_reset(tmp_path):
+    """The server is stopped (SIGSTOP) while clients connect and send: the kernel accepts them
+    into the listening socket's backlog, unread. SIGTERM, then SIGCONT once the server's 0.1 s tick
+    has passed, so it sees the signal before it takes any of them (the order a loaded machine hits
+    by chance): each reads a complete 503 shutting_down, never a reset."""
+    srv = ServeProcess(tmp_path, "--shutdown-timeout", "3")
+    host, port = srv.url.removeprefix("http://").split(":")
+    clients: list[socket.socket] = []
+    try:
+        assert httpx.get(srv.url + "/health", timeout=60).status_code == 200  # serving: its handlers are set
+        stop_between_system_calls(srv.proc)
+        try:
+            for _ in range(8):
+                clients.append(socket.create_connection((host, int(port)), timeout=60))
+                clients[-1].sendall(completion_request({"prompt": LOOPING, "max_tokens": 1900}))
+            srv.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            # something else (a job control watchdog) may have run it on: then it may have taken
+            # some requests before the signal, and served them
+            ran_on = _state(srv.proc.pid) != "T"
+        finally:
+            srv.proc.send_signal(signal.SIGCONT)
+        answers = [answer_of(c) for c in clients]
+        expected = {(503, "shutting_down")} | ({(200, "served")} if ran_on else set())
+        assert set(answers) <= expected, answers
+        assert srv.proc.wait(30) == 143
+    finally:
+        for c in clients:
+            c.close()
+        srv.stop()
+
+
+def test_requests_during_the_drain_are_answered_503_on_kept_and_new_connections(tmp_path):
+    """While a running stream holds the drain open, a request on a kept-alive connection and one on
+    a new connection each get 503 shutting_down with Connection: close, even when the server takes
+    them only after the stream ended."""
+    srv = ServeProcess(tmp_path, "--shutdown-timeout", "3")
+    host, port = srv.url.removeprefix("http://").split(":")
+    try:
+        kept = socket.create_connection((host, int(port)), timeout=60)
+        kept.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(kept)[0] == 200  # and the connection stays open
+        with httpx.Client(base_url=srv.url, timeout=60) as h:
+            with h.stream("POST", "/v1/completions", json={"prompt": LOOPING, "max_tokens": 1900,
+                                                          "stream": True}) as r:
+                lines = r.iter_lines()
+                next(line for line in lines if line.startswith("data: "))
+                srv.proc.send_signal(signal.SIGTERM)
+                srv.wait_for("stopping: no new requests")
+                srv.proc.send_signal(signal.SIGSTOP)  # the stream cannot end while the requests are sent
+                try:
+                    late = socket.create_connection((host, int(port)), timeout=60)
+                    for sock in (kept, late):
+                        sock.sendall(completion_request({"prompt": "x", "max_tokens": 2}))
+                finally:
+                    srv.proc.send_signal(signal.SIGCONT)
+                for sock in (kept, late):
+                    assert answer_of(sock) == (503, "shutting_down")
+                    assert sock.recv(1) == b""  # Connection: close, and closed
+                    sock.close()
+                assert sse_events(lines)[-1] == "[DONE]"
+        assert srv.proc.wait(30) == 143
     finally:
         srv.stop()

@@ -69,6 +69,12 @@ class ApiError(Exception):
                             headers=self.headers)
 
 
+def shutting_down(message: str = "the server is shutting down") -> ApiError:
+    # Connection: close: a kept-alive client opens a new connection for its next request (refused once
+    # the server stops listening) rather than racing the close of this one when the drain ends
+    return ApiError(503, message, type="server_error", code="shutting_down", headers={"Connection": "close"})
+
+
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
@@ -290,9 +296,9 @@ class Server:
 
     def _outcome_error(self, kind: str, value) -> ApiError:
         if kind == "done":  # interrupted with the client still there: the server is stopping
-            return ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
+            return shutting_down()
         if isinstance(value, PoolClosed):
-            return ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
+            return shutting_down()
         if isinstance(value, BackendLost):
             return ApiError(503, f"backend lost: {value}", type="server_error", code="backend_lost")
         if isinstance(value, ValueError):
@@ -301,7 +307,7 @@ class Server:
 
     async def run(self, request: Request, body, endpoint: str):
         if self.draining:
-            raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down")
+            raise shutting_down()
         try:
             tokens, options, depth, turn = await self.preparing.run(self.prepare, body)
         except ApiError:
@@ -321,7 +327,7 @@ class Server:
                                 "wait: try again later", type="server_error", code="queue_full",
                            headers={"Retry-After": "1"}) from None
         except PoolClosed:
-            raise ApiError(503, "the server is shutting down", type="server_error", code="shutting_down") from None
+            raise shutting_down() from None
         except BackendLost as e:
             self.pool.metrics.inc("laguna_requests_total", endpoint=endpoint, outcome="backend_lost")
             raise ApiError(503, f"backend lost: {e}", type="server_error", code="backend_lost") from None
@@ -418,8 +424,7 @@ class Server:
                         if kind == "done":
                             last["usage"] = self.usage(value.stats)
                         yield _sse(last)
-                        err = ApiError(503, "the server is shutting down: this response was cut short",
-                                       type="server_error", code="shutting_down")
+                        err = shutting_down("the server is shutting down: this response was cut short")
                     yield _sse(error_body(err.message, err.type, err.param, err.code))
                 break
             yield {"data": "[DONE]"}

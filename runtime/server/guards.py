@@ -9,9 +9,10 @@
 - :func:`lone_surrogate`: JSON may carry ``"\\ud800"``, which no UTF-8 encoder takes: a 400.
 - :func:`exposure_problem`: a non-loopback ``--host`` without an API key is refused unless
   ``--expose`` accepts it.
-- :class:`GracefulServer`: on SIGTERM/SIGINT uvicorn stops accepting and running requests may
-  finish for ``--shutdown-timeout`` seconds; then the jobs left are cut (a stream ends with a
-  finish reason, an error event naming the shutdown and ``[DONE]``); a second signal exits at
+- :class:`GracefulServer`: on SIGTERM/SIGINT new completions are answered 503 ``shutting_down`` and
+  running ones may finish for ``--shutdown-timeout`` seconds; then the jobs left are cut (a stream
+  ends with a finish reason, an error event naming the shutdown and ``[DONE]``). The listening
+  socket closes once every connection the kernel accepted is answered; a second signal exits at
   once.
 """
 
@@ -21,6 +22,7 @@ import asyncio
 import ipaddress
 import os
 import queue
+import selectors
 import signal
 import socket
 import threading
@@ -39,6 +41,8 @@ BODY_BYTES_PER_TOKEN = 64
 STUCK_AFTER_S = 10.0
 #: after --shutdown-timeout, the cut streams get this long to write their last events
 CUT_GRACE_S = 5.0
+#: while draining, how often the server looks whether everything accepted is answered
+DRAIN_POLL_S = 0.05
 
 
 def default_max_body_bytes(n_ctx: int) -> int:
@@ -221,7 +225,6 @@ class GracefulServer(uvicorn.Server):
 
     def __init__(self, config, *, shutdown_timeout: float, on_drain: Callable[[], None],
                  on_cut: Callable[[], int]) -> None:
-        config.timeout_graceful_shutdown = shutdown_timeout + CUT_GRACE_S
         super().__init__(config)
         self.shutdown_timeout = shutdown_timeout
         self.on_drain, self.on_cut = on_drain, on_cut
@@ -245,10 +248,38 @@ class GracefulServer(uvicorn.Server):
             self.cut_jobs = self.on_cut()
 
         timer = loop.call_later(self.shutdown_timeout, cut)
+        deadline = loop.time() + self.shutdown_timeout + CUT_GRACE_S
         try:
+            # uvicorn's shutdown closes the listening socket at once, which resets every connection
+            # the kernel holds in its backlog, and closes accepted connections whose request it has
+            # not read yet, a reset too. Serving on while draining answers each of them instead (the
+            # app says 503 shutting_down); the socket closes once nothing accepted is unanswered,
+            # checked and acted on in one step of the loop (only a connection the kernel completes
+            # in the microseconds between the two can still be reset, as with any TCP server).
+            # Simpler than answering the backlog by hand: uvicorn reads the requests, the app has
+            # the one 503, and kept-alive connections are served the same way.
+            while not self._settled() and loop.time() < deadline:
+                await asyncio.sleep(DRAIN_POLL_S)
+            self.config.timeout_graceful_shutdown = max(0.0, deadline - loop.time())
             await super().shutdown(sockets)
         finally:
             timer.cancel()
+
+    def _settled(self) -> bool:
+        """Whether everything the kernel accepted is answered: no request running, no connection
+        waiting in a listening socket's backlog and no unread bytes on an open connection."""
+        if self.server_state.tasks:
+            return False
+        waiting = [sock for server in self.servers for sock in server.sockets]
+        for connection in self.server_state.connections:
+            transport = getattr(connection, "transport", None)
+            if transport is not None and not transport.is_closing():
+                waiting.append(transport.get_extra_info("socket"))
+        with selectors.DefaultSelector() as selector:
+            for sock in waiting:
+                if sock is not None:
+                    selector.register(sock, selectors.EVENT_READ)
+            return not selector.select(0)
 
 
 def _keep_streams_open_on_exit() -> None:
