@@ -2,7 +2,8 @@
 # Build the peers the peer benchmark (scripts/bench/bench_peer.py) and the ik interop test compare
 # against, CPU-only and OUTSIDE this repository (their code is never committed here):
 #   1. ik_llama.cpp (the other runtime of Laguna DFlash drafters): llama-spec-bench, llama-cli,
-#      llama-bench, from a snapshot of github.com/ikawrakow/ik_llama.cpp;
+#      llama-bench and llama-server (the agent-session benchmark's peer server), from a snapshot of
+#      github.com/ikawrakow/ik_llama.cpp;
 #   2. the llama.cpp vendored by our patched llama-cpp-python sdist: its own C++ llama-bench and
 #      llama-completion, the "C++ floor" our plain decoding is measured against.
 #
@@ -29,10 +30,29 @@ esac
 
 log() { echo "[build_peer] $*"; }
 
+IK_TARGETS=(llama-spec-bench llama-cli llama-bench llama-server)
+
+ik_configure() {
+    cmake -S "$1/src" -B "$1/build" -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_IQK_FA_ALL_QUANTS=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF
+}
+
 build_ik() {
     local root=$PEER_DIR/ik_llama.cpp
     if [[ -f $root/.complete ]]; then
-        log "ik_llama.cpp already built ($(cat "$root/.complete")): $root/build/bin"
+        local target lacking=()
+        for target in "${IK_TARGETS[@]}"; do
+            [[ -x $root/build/bin/$target ]] || lacking+=("$target")
+        done
+        if ((${#lacking[@]} == 0)); then
+            log "ik_llama.cpp already built ($(cat "$root/.complete")): $root/build/bin"
+            return
+        fi
+        # a build from before a target joined the list: add it to the same tree
+        log "ik_llama.cpp built without ${lacking[*]}: building them"
+        ik_configure "$root"
+        cmake --build "$root/build" -j "$JOBS" --target "${lacking[@]}"
         return
     fi
     if [[ -z ${IK_LLAMA_GIT:-} ]]; then
@@ -62,10 +82,8 @@ build_ik() {
     git --git-dir="$IK_LLAMA_GIT" archive --format=tar HEAD -- . "${excludes[@]}" | tar -x -C "$root/src"
     log "ik_llama.cpp ${commit:0:10} exported to $root/src"
     local t0=$SECONDS
-    cmake -S "$root/src" -B "$root/build" -G Ninja \
-        -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_IQK_FA_ALL_QUANTS=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF
-    cmake --build "$root/build" -j "$JOBS" --target llama-spec-bench llama-cli llama-bench
+    ik_configure "$root"
+    cmake --build "$root/build" -j "$JOBS" --target "${IK_TARGETS[@]}"
     echo "$commit" > "$root/.complete"
     log "ik_llama.cpp built in $((SECONDS - t0)) s: $root/build/bin"
 }
