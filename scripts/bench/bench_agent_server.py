@@ -1,0 +1,423 @@
+"""A whole agent session against two servers: laguna-run serve and ik_llama.cpp's llama-server.
+
+    python scripts/bench/bench_agent_server.py record --out scripts/bench/data/agent-session.json
+    scripts/bench/build_peer.sh ik       # once: ik_llama.cpp's llama-server, outside the repo
+    python scripts/bench/bench_agent_server.py replay --json docs/agent-server.json --png docs/agent-server.png
+
+``record`` runs an agent (the loop of ``examples/agent.py``: thinking on, the tools run for real
+over the standard library) through the agent pair's held-out tasks in ONE growing conversation
+against ``laguna-run serve`` at depth 0 (the target's own greedy replies), and writes every
+request it sent and every reply it got.
+
+``replay`` sends the recorded requests again, in order, streamed, as an agent would: request k is
+the recorded conversation up to reply k (recorded history, not the server's own earlier replies,
+so every server answers exactly the same requests). Each configuration is a fresh server process
+on the same GGUF pair, the same chat template (the target GGUF's), greedy, the same threads, an F16
+KV cache (both servers' default; ik_llama.cpp's CPU flash attention has no F32 cache), a 16k
+context and its prompt cache on (a slot keeps the last prompt):
+
+- laguna-run serve: plain (no drafter), each ``--ours`` depth;
+- ik_llama.cpp llama-server ``--jinja``: plain (no drafter), ``--spec-type dflash:n_max=N`` per
+  ``--ik`` depth.
+
+Every request says ``parallel_tool_calls: true``, OpenAI's default, which laguna-run serve also
+assumes when it is absent; llama-server assumes false and keeps only the first of several calls.
+
+Per turn: time to first token (request sent to the first streamed delta of reasoning, content or a
+tool call), decode tokens/s ((completion tokens - 1) / first delta to the end of the stream),
+prompt and cached tokens (the server's ``usage``), and whether the parsed tool calls equal the
+recorded ones (name and JSON arguments), whether the whole reply does, and whether it equals the
+same server's plain reply (first repetition; speculation should change nothing). The session's wall
+time is the sum of its requests' times (client side: the agent's own tool time is not in it).
+
+Fixed before a run: the recording, the configurations, ``--repetitions`` (>= 5 for a result), all
+configurations once per repetition, the order rotated by one each repetition. Statistic: the
+median over repetitions of each session's wall time, min and max beside it; a server's best depth
+is its configuration with the lowest median wall time, and the verdict is laguna-run's best over
+ik's best. Per-turn figures are medians over the repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(1, str(REPO / "scripts"))  # scripts/: recorded.py and every folder's modules
+sys.path.insert(1, str(REPO / "examples"))
+from arguments import int_list  # noqa: E402
+from bench.bench_server import ServeProcess  # noqa: E402
+from investigate.check_ik_interop import ik_named_copy, peer_root  # noqa: E402
+from recorded import command_line  # noqa: E402
+
+OURS, IK = "laguna-run", "ik_llama.cpp"
+CONTEXT = 16384
+MAX_TOKENS = 256
+THINKING = {"enable_thinking": True}
+
+
+# --------------------------------------------------------------------------------------- record
+
+def record(args) -> int:
+    import openai
+    from agent import _whole
+    from agent_tools import TOOLS, Workspace, parse_arguments
+
+    from training.agent_tasks import held_out_tasks, stdlib_dir
+
+    ws = Workspace(stdlib_dir())
+    tasks = held_out_tasks(args.tasks)
+    flags = ["--bundled", "agent", "--n-max", "0", "--cache-type", "f16", "-c", str(CONTEXT), "-t", str(args.threads)]
+    server = ServeProcess(*flags)
+    messages: list[dict] = []
+    turns: list[dict] = []
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=600)
+        model = client.models.list().data[0].id
+        for k, task in enumerate(tasks):
+            messages.append({"role": "user", "content": task.user})
+            for _ in range(args.max_steps):
+                request = dict(model=model, messages=messages, tools=TOOLS, temperature=0, max_tokens=MAX_TOKENS,
+                               extra_body={"chat_template_kwargs": THINKING})
+                message, finish_reason, _ = _whole(client, request)
+                turns.append({"task": k + 1, "history": len(messages), "finish_reason": finish_reason})
+                messages.append(message)
+                calls = message.get("tool_calls", [])
+                for call in calls:
+                    f = call["function"]
+                    messages.append({"role": "tool", "tool_call_id": call["id"],
+                                     "content": ws.call(f["name"], parse_arguments(f["arguments"]))})
+                print(f"turn {len(turns):2d} (task {k + 1}): {len(calls)} tool call(s), {finish_reason}", flush=True)
+                if not calls:
+                    break
+    finally:
+        server.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "command": command_line(__file__), "server_flags": flags, "tools": TOOLS,
+        "chat_template_kwargs": THINKING, "max_tokens": MAX_TOKENS, "tasks": len(tasks), "turns": turns,
+        "messages": messages}, indent=1) + "\n")
+    print(f"{len(turns)} turns, {len(messages)} messages: {args.out}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------- servers
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class IkServer:
+    """ik_llama.cpp's ``llama-server`` on a free loopback port, its log in a temporary file."""
+
+    def __init__(self, binary: Path, *flags: str) -> None:
+        import httpx
+
+        port = free_port()
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="ik-server-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *flags],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("llama-server did not start:\n" + Path(self.log.name).read_text()[-3000:])
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@dataclass(frozen=True)
+class Config:
+    server: str
+    depth: int | str  # 0: plain (no drafter)
+
+    @property
+    def name(self) -> str:
+        return f"{self.server} {'plain' if self.depth == 0 else self.depth}"
+
+
+def ik_server_binary() -> Path | None:
+    binary = Path(os.environ.get("IK_LLAMA_BIN", peer_root() / "ik_llama.cpp" / "build" / "bin")) / "llama-server"
+    return binary if binary.is_file() else None
+
+
+def start(config: Config, threads: int, ik_binary: Path | None, ik_drafter: Path | None):
+    from laguna_dflash.runtime import assets
+
+    common = ["-c", str(CONTEXT), "-t", str(threads)]
+    if config.server == OURS:
+        flags = ["-m", str(assets.AGENT_TARGET), "--cache-type", "f16", *common]
+        if config.depth != 0:
+            flags += ["-md", str(assets.converted_agent_drafter()), "--n-max", str(config.depth)]
+        return ServeProcess(*flags)
+    flags = ["-m", str(assets.AGENT_TARGET), "--jinja", "-np", "1", "-ctk", "f16", "-ctv", "f16", "-tb", str(threads),
+             "--chat-template-kwargs", json.dumps(THINKING), *common]
+    if config.depth != 0:
+        flags += ["-md", str(ik_drafter), "--spec-type", f"dflash:n_max={config.depth}"]
+    return IkServer(ik_binary, *flags)
+
+
+# --------------------------------------------------------------------------------------- replay
+
+def calls_of(message: dict) -> list[tuple[str, object]]:
+    """A reply's tool calls as (name, arguments as JSON values); unparsable arguments stay text."""
+    out = []
+    for call in message.get("tool_calls") or ():
+        f = call["function"]
+        try:
+            arguments = json.loads(f["arguments"]) if isinstance(f["arguments"], str) else f["arguments"]
+        except json.JSONDecodeError:
+            arguments = f["arguments"]
+        out.append((f["name"], arguments))
+    return out
+
+
+def send(client, model: str, recording: dict, history: list[dict]) -> dict:
+    """One streamed request: its timings, usage and the reply it parsed."""
+    t0 = time.perf_counter()
+    first = None
+    content, reasoning, calls, usage = [], [], {}, None
+    stream = client.chat.completions.create(
+        model=model, messages=history, tools=recording["tools"], temperature=0, max_tokens=recording["max_tokens"],
+        stream=True, stream_options={"include_usage": True}, parallel_tool_calls=True,
+        extra_body={"chat_template_kwargs": recording["chat_template_kwargs"]})
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            thought = (delta.model_extra or {}).get("reasoning_content")
+            if first is None and (delta.content or thought or delta.tool_calls):
+                first = time.perf_counter()
+            content.append(delta.content or "")
+            reasoning.append(thought or "")
+            for piece in delta.tool_calls or ():
+                call = calls.setdefault(piece.index, {"function": {"name": "", "arguments": ""}})
+                if piece.function:
+                    call["function"]["name"] += piece.function.name or ""
+                    call["function"]["arguments"] += piece.function.arguments or ""
+    end = time.perf_counter()
+    first = first or end
+    n = usage.completion_tokens if usage else 0
+    cached = (usage.prompt_tokens_details.cached_tokens or 0) if usage and usage.prompt_tokens_details else 0
+    return {"wall_s": end - t0, "ttft_s": first - t0,
+            "tokens_per_s": (n - 1) / (end - first) if n > 1 and end > first else None,
+            "prompt_tokens": usage.prompt_tokens if usage else None, "cached_tokens": cached, "completion_tokens": n,
+            "reply": {"content": "".join(content), "reasoning_content": "".join(reasoning),
+                      "tool_calls": [calls[i] for i in sorted(calls)]}}
+
+
+def replay_session(config: Config, recording: dict, threads: int, ik_binary, ik_drafter) -> list[dict]:
+    import openai
+
+    server = start(config, threads, ik_binary, ik_drafter)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=600, max_retries=0)
+        model = client.models.list().data[0].id
+        messages = recording["messages"]
+        out = []
+        for turn in recording["turns"]:
+            got = send(client, model, recording, messages[:turn["history"]])
+            want = messages[turn["history"]]
+            got["calls_right"] = calls_of(got["reply"]) == calls_of(want)
+            got["same_reply"] = (got["calls_right"] and got["reply"]["content"] == (want.get("content") or "")
+                                 and got["reply"]["reasoning_content"] == (want.get("reasoning_content") or ""))
+            got["n_calls"] = len(got["reply"]["tool_calls"])
+            out.append(got)
+        return out
+    finally:
+        server.close()
+
+
+def replay(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from laguna_dflash.runtime import assets
+
+    console = Console(width=max(Console().width, 120))
+    recording = json.loads(args.recording.read_text())
+    ik_binary = ik_server_binary()
+    configs = [Config(OURS, d) for d in [0, *args.ours]]
+    ik_drafter = None
+    if ik_binary is None:
+        console.print("ik_llama.cpp's llama-server is not built (scripts/bench/build_peer.sh ik): laguna-run only")
+    else:
+        drafter = assets.converted_agent_drafter()
+        ik_drafter = ik_named_copy(drafter, drafter.with_name(drafter.stem + "-ik-names.gguf"))
+        configs += [Config(IK, d) for d in [0, *args.ik]]
+    runs: dict[str, list[list[dict]]] = {c.name: [] for c in configs}
+    load = {"before": os.getloadavg(), "per_repetition": []}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("sessions", total=args.repetitions * len(configs))
+        for rep in range(args.repetitions):
+            shift = rep % len(configs)
+            for config in configs[shift:] + configs[:shift]:
+                progress.update(task, description=f"repetition {rep + 1}: {config.name}")
+                runs[config.name].append(replay_session(config, recording, args.threads, ik_binary, ik_drafter))
+                progress.advance(task)
+            load["per_repetition"].append(os.getloadavg()[0])
+    result = summarise(recording, configs, runs)
+    result.update({"command": command_line(__file__), "threads": args.threads, "repetitions": args.repetitions,
+                   "context": CONTEXT, "load_average": load, "machine_cores": os.cpu_count()})
+    show(console, result, Table)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    if args.png:
+        plot(result, args.png)
+    return 0
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarise(recording: dict, configs: list[Config], runs: dict[str, list[list[dict]]]) -> dict:
+    sessions, per_turn = {}, {}
+    for c in configs:
+        reps = runs[c.name]
+        walls = [sum(t["wall_s"] for t in rep) for rep in reps]
+        turns = []
+        for k in range(len(recording["turns"])):
+            at = [rep[k] for rep in reps]
+            rates = [t["tokens_per_s"] for t in at if t["tokens_per_s"]]
+            turns.append({"ttft_s": statistics.median(t["ttft_s"] for t in at),
+                          "tokens_per_s": statistics.median(rates) if rates else None,
+                          "wall_s": statistics.median(t["wall_s"] for t in at),
+                          "prompt_tokens": at[0]["prompt_tokens"], "cached_tokens": at[0]["cached_tokens"],
+                          "completion_tokens": at[0]["completion_tokens"], "n_calls": at[0]["n_calls"],
+                          "calls_right_every_repetition": all(t["calls_right"] for t in at),
+                          "same_reply_every_repetition": all(t["same_reply"] for t in at),
+                          "same_as_own_plain": (at[0]["reply"] == runs[Config(c.server, 0).name][0][k]["reply"]
+                                                if Config(c.server, 0).name in runs else None)})
+            if not turns[-1]["calls_right_every_repetition"]:
+                turns[-1]["reply_first_repetition"] = at[0]["reply"]
+        per_turn[c.name] = turns
+        sessions[c.name] = {
+            "server": c.server, "depth": c.depth, "wall_s": spread(walls),
+            "turns_calls_right": sum(t["calls_right_every_repetition"] for t in turns),
+            "turns_same_reply": sum(t["same_reply_every_repetition"] for t in turns),
+            "turns_same_as_own_plain": sum(bool(t["same_as_own_plain"]) for t in turns),
+            "ttft_s_median_over_turns": statistics.median(t["ttft_s"] for t in turns),
+            "tokens_generated": sum(t["completion_tokens"] for t in turns),
+            "cached_share": (sum(t["cached_tokens"] or 0 for t in turns) / sum(t["prompt_tokens"] or 0 for t in turns)
+                             if any(t["prompt_tokens"] for t in turns) else None)}
+    best = {}
+    for server in (OURS, IK):
+        mine = [n for n, s in sessions.items() if s["server"] == server]
+        if mine:
+            best[server] = min(mine, key=lambda n: sessions[n]["wall_s"]["median"])
+    verdict = None
+    if len(best) == 2:
+        ours, theirs = sessions[best[OURS]], sessions[best[IK]]
+        verdict = {"ours_best": best[OURS], "ik_best": best[IK],
+                   "wall_ratio": ours["wall_s"]["median"] / theirs["wall_s"]["median"],
+                   "bound": 0.8, "ours_calls_right_every_turn": ours["turns_calls_right"] == len(recording["turns"]),
+                   "ik_calls_right_every_turn": theirs["turns_calls_right"] == len(recording["turns"])}
+        verdict["met"] = verdict["wall_ratio"] <= 0.8 and verdict["ours_calls_right_every_turn"]
+    last = recording["turns"][-1]
+    return {"session": {"turns": len(recording["turns"]), "tasks": recording["tasks"],
+                        "tool_calls": sum(len(m.get("tool_calls") or ()) for m in recording["messages"]),
+                        "last_history_messages": last["history"]},
+            "sessions": sessions, "best": best, "verdict": verdict, "per_turn": per_turn}
+
+
+def show(console, result: dict, Table) -> None:
+    n = result["session"]["turns"]
+    table = Table(title=f"one agent session, {n} turns, {result['repetitions']} repetitions")
+    for col in ("configuration", "wall s (median)", "min-max", "TTFT median", "tokens", "cached share",
+                f"calls right (of {n})", "same reply", "= own plain"):
+        table.add_column(col, justify="right" if col != "configuration" else "left")
+    for name, s in result["sessions"].items():
+        w = s["wall_s"]
+        table.add_row(name, f"{w['median']:.2f}", f"{w['min']:.2f}-{w['max']:.2f}",
+                      f"{s['ttft_s_median_over_turns'] * 1000:.0f} ms", str(s["tokens_generated"]),
+                      f"{s['cached_share']:.1%}" if s["cached_share"] is not None else "-",
+                      str(s["turns_calls_right"]), str(s["turns_same_reply"]), str(s["turns_same_as_own_plain"]))
+    console.print(table)
+    v = result["verdict"]
+    if v:
+        console.print(f"best: {v['ours_best']} vs {v['ik_best']}: wall ratio {v['wall_ratio']:.3f} (bound 0.8), "
+                      f"laguna-run calls right every turn: {v['ours_calls_right_every_turn']}, "
+                      f"ik: {v['ik_calls_right_every_turn']} -> {'met' if v['met'] else 'NOT met'}")
+
+
+def plot(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [n for n in result["sessions"] if result["sessions"][n]["depth"] == 0] + list(result["best"].values())
+    shown = list(dict.fromkeys(shown))
+    fig, (a, b, c) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    for name in shown:
+        turns = result["per_turn"][name]
+        x = range(1, len(turns) + 1)
+        a.plot(x, [t["ttft_s"] * 1000 for t in turns], ".-", label=name)
+        b.plot(x, [t["tokens_per_s"] or float("nan") for t in turns], ".-", label=name)
+        total, cumulative = 0.0, []
+        for t in turns:
+            total += t["wall_s"]
+            cumulative.append(total)
+        c.plot(x, cumulative, "-", label=name)
+    a.set_ylabel("time to first token (ms)")
+    a.set_yscale("log")
+    b.set_ylabel("decode tokens/s")
+    c.set_ylabel("session wall time (s)")
+    c.set_xlabel("turn")
+    a.legend(fontsize=8)
+    fig.suptitle("one agent session replayed: medians over repetitions")
+    fig.tight_layout()
+    fig.savefig(png)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="record one agent session against laguna-run serve at depth 0")
+    rec.add_argument("--out", type=Path, required=True)
+    rec.add_argument("--tasks", type=int, default=36, help="held-out tasks in the one session")
+    rec.add_argument("--max-steps", type=int, default=4, help="replies per task at most")
+    rec.add_argument("-t", "--threads", type=int, default=2)
+    rep = sub.add_parser("replay", help="replay a recorded session against both servers")
+    rep.add_argument("--recording", type=Path, default=REPO / "scripts" / "bench" / "data" / "agent-session.json")
+    rep.add_argument("--ours", type=int_list(1, 15, ("auto",)), default=(1, 2, 3, 4, "auto"),
+                     help="laguna-run serve depths besides plain (comma-separated; auto: tuned online)")
+    rep.add_argument("--ik", type=int_list(1, 15), default=(1, 2, 3, 4),
+                     help="ik_llama.cpp dflash n_max values besides plain (comma-separated)")
+    rep.add_argument("--repetitions", type=int, default=5, help="interleaved repetitions (>= 5 for a result)")
+    rep.add_argument("-t", "--threads", type=int, default=2)
+    rep.add_argument("--json", type=Path)
+    rep.add_argument("--png", type=Path)
+    args = ap.parse_args(argv)
+    return record(args) if args.command == "record" else replay(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
