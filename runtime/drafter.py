@@ -219,30 +219,25 @@ class Drafter:
         self.n_pending = 0
         self._cache_empty = True
 
-    def trim(self, n_keep: int, next_query: int) -> int:
+    def trim(self, n_keep: int, next_query: int) -> None:
         """For a new sequence that shares its first ``n_keep`` positions with the cached one and
-        drafts first at ``next_query``: keep what the cache holds of those positions, drop the
-        rest, and return the position from which the caller must inject rows again (at most
-        ``n_keep``). The draft at ``next_query`` sees the rows of its window; rows of it that
-        the cache lacks (never injected: plain steps at the end of the last sequence, or
-        evicted from the sliding-window cache) make the return value smaller, so that the
-        target recomputes them."""
+        drafts first at ``next_query``: keep the rows the cache holds of those positions when
+        they cover the draft's window up to ``n_keep``, else start over after them. Rows the cache
+        lacks (plain steps at the end of the last sequence read no rows; the sliding-window
+        cache evicted older ones) are then skipped, never recomputed: the target re-decoding
+        positions it already holds would rewrite their K/V in another batch shape, whose last
+        bits differ, and greedy output would then depend on how the last sequence was drafted.
+        The first drafts of such a sequence see fewer rows; later ones see every row."""
         window = self.spec.sliding_window
         need = max(0, next_query - window + 1) if window > 0 else 0  # first row the draft sees
-        if n_keep <= need:  # no kept row is visible: start over, as a fresh sequence would
+        lo, hi = self.ctx.pos_min(), min(self.ctx.pos_max() + 1, self.n_context)
+        if need < n_keep <= hi and 0 <= lo <= need:
+            self.ctx.seq_rm(n_keep, -1)
+            self.n_context = n_keep
+            self._cache_empty = False
+        else:
             self.reset()
             self.skip_context(n_keep)
-            return n_keep
-        lo, hi = self.ctx.pos_min(), min(self.ctx.pos_max() + 1, self.n_context)
-        if not 0 <= lo <= need < hi:
-            self.reset()
-            self.skip_context(need)
-            return need
-        keep = min(n_keep, hi)
-        self.ctx.seq_rm(keep, -1)
-        self.n_context = keep
-        self._cache_empty = False
-        return keep
 
     def truncate(self, n_keep: int) -> None:
         """Drop context positions >= n_keep."""

@@ -44,8 +44,8 @@ class PromptCache:
             if lo < 0 or lo > max(0, n_keep - window):
                 n_keep = 0
         if n_keep > 0 and proposer is not None:
-            if drafting:  # the first draft needs the rows of its window
-                n_keep = proposer.trim(n_keep, len(prompt_tokens))
+            if drafting:  # the first draft reads the rows of its window that the drafter holds
+                proposer.trim(n_keep, len(prompt_tokens))
             else:  # a plain run: keep the drafter's rows of the shared prefix valid
                 proposer.truncate(n_keep)
         if n_keep > 0:

@@ -49,9 +49,9 @@ class Proposer(Protocol):
     def reset(self) -> None:
         """Forget every context row (a sequence starts at position 0)."""
 
-    def trim(self, n_keep: int, next_query: int) -> int:
-        """Keep the context of the first ``n_keep`` positions that a draft at ``next_query``
-        needs; returns the position from which rows must be injected again (<= n_keep)."""
+    def trim(self, n_keep: int, next_query: int) -> None:
+        """Keep what the context holds of the first ``n_keep`` positions for a draft at
+        ``next_query``; rows it lacks are skipped (the target's cache is never recomputed)."""
 
     def truncate(self, n_keep: int) -> None:
         """Drop context positions >= n_keep."""
