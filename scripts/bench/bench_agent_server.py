@@ -55,7 +55,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(1, str(REPO / "scripts"))  # scripts/: recorded.py and every folder's modules
 sys.path.insert(1, str(REPO / "examples"))
 from arguments import int_list  # noqa: E402
-from bench.bench_server import ServeProcess  # noqa: E402
+from bench.bench_server import ServeProcess, stop  # noqa: E402
 from investigate.check_ik_interop import ik_named_copy, peer_root  # noqa: E402
 from recorded import command_line  # noqa: E402
 
@@ -142,12 +142,7 @@ class IkServer:
             time.sleep(0.2)
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop(self.proc)
 
 
 @dataclass(frozen=True)

@@ -76,12 +76,17 @@ class ServeProcess:
         return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop(self.proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 30 s: a server that ignores its signal still goes."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def overhead(args, prompts, flags) -> dict:
