@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="record one agent session against laguna-run serve at depth 0")
     rec.add_argument("--out", type=Path, required=True)
-    rec.add_argument("--tasks", type=int, default=36, help="held-out tasks in the one session")
+    rec.add_argument("--tasks", type=int, default=38, help="held-out tasks in the one session")
     rec.add_argument("--max-steps", type=int, default=4, help="replies per task at most")
     rec.add_argument("-t", "--threads", type=int, default=2)
     rep = sub.add_parser("replay", help="replay a recorded session against both servers")
