@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     drafter = args.drafter or assets.converted_tiny_drafter()
     ik_drafter = drafter
     if legacy_norm_tensors(drafter) and args.rename_ffn_norm:
-        ik_drafter = ik_named_copy(drafter, drafter.with_name(drafter.stem + "-ik-names.gguf"))
+        ik_drafter = ik_named_copy(drafter)
     prompts = assets.read_prompts(assets.CODE_PROMPTS)[:args.prompts]
     floor_bin = vendored_bin_dir()
     if floor_bin is None:
