@@ -116,12 +116,29 @@ class Summary:
         for s in specs:
             n, b = by_type.get(s.qtype.name, (0, 0))
             by_type[s.qtype.name] = (n + 1, b + s.nbytes)
-        n_params = sum(int(np.prod(s.shape)) for s in specs)
-        return cls(out, len(specs), n_params, by_type, file_size, seconds)
+        return cls(out, len(specs), count_params(specs), by_type, file_size, seconds)
+
+
+def count_params(specs: Iterable[TensorSpec]) -> int:
+    return sum(int(np.prod(s.shape)) for s in specs)
+
+
+class PlannedOutput:
+    """The size of a checked conversion's output, from its tensor ``specs``, before anything is written."""
+
+    specs: list[TensorSpec]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.nbytes for s in self.specs)
+
+    @property
+    def n_params(self) -> int:
+        return count_params(self.specs)
 
 
 @dataclass
-class Conversion:
+class Conversion(PlannedOutput):
     """A checked conversion, ready to write: the plan, the output tensor specs and the metadata."""
 
     drafter_dir: Path
@@ -133,14 +150,6 @@ class Conversion:
     metadata: dict[str, KV] = field(repr=False)
     #: Every file this conversion reads (drafter and target); the output may be none of them.
     inputs: tuple[Path, ...] = ()
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.nbytes for s in self.specs)
-
-    @property
-    def n_params(self) -> int:
-        return sum(int(np.prod(s.shape)) for s in self.specs)
 
     def _encoded(self) -> Iterator[np.ndarray]:
         for p, spec in zip(self.plan, self.specs, strict=True):

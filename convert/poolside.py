@@ -35,7 +35,7 @@ from gguf.quants import dequantize
 
 from .gguf import keys as K
 from .checkpoint import ARCHITECTURE, DEFAULT_CONTEXT_LENGTH, MODEL_TYPE, SLIDING, DrafterConfig, check_pair, parse_config
-from .converter import ARCH, Summary, check_output_path, drafter_metadata
+from .converter import ARCH, PlannedOutput, Summary, check_output_path, drafter_metadata
 from .errors import ContractError, UserError
 from .mapping import Kind, LayoutEntry, gguf_layout
 from .quantize import OutType, check_encodable, encode
@@ -451,7 +451,7 @@ def _as_float32(t: Any, row: int | None = None) -> np.ndarray:
 
 
 @dataclass
-class PoolsideConversion:
+class PoolsideConversion(PlannedOutput):
     """A checked rewrite of a Poolside file into our layout: our tensor specs, their sources, our metadata."""
 
     pf: PoolsideFile
@@ -464,14 +464,6 @@ class PoolsideConversion:
     @property
     def cfg(self) -> DrafterConfig:
         return self.pf.cfg
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(s.nbytes for s in self.specs)
-
-    @property
-    def n_params(self) -> int:
-        return sum(int(np.prod(s.shape)) for s in self.specs)
 
     @property
     def inputs(self) -> tuple[Path, ...]:

@@ -166,32 +166,21 @@ def _encode_source(x: np.ndarray, dtype: DType) -> np.ndarray:
 def write_drafter(
     out_dir: Path | str,
     *,
-    hidden: int = 64,
-    n_layers: int = 2,
-    n_heads: int = 4,
-    n_kv_heads: int = 2,
-    head_dim: int = 16,
-    intermediate: int = 96,
-    target_layer_ids: Sequence[int] = (1, 3),
-    num_target_layers: int = 4,
-    vocab_size: int = 256,
-    sliding_window: int = 512,
-    block_size: int = 16,
-    mask_token_id: int = 12,
     fused_qkv: bool = True,
     prefix: bool = False,
     dtype: DType = "bf16",
     seed: int = 0,
     layers_after_target: bool = False,
     shards: int = 1,
-    name_or_path: str | None = None,
-    gating: Any = "per-head",
-    layer_type: str = SLIDING,
     config_overrides: Mapping[str, Any] | None = None,
     drop_tensors: Iterable[str] = (),
     extra_tensors: Mapping[str, np.ndarray] | None = None,
+    **config: Any,
 ) -> Path:
     """Write a random drafter checkpoint into ``out_dir`` (created) and return ``out_dir``.
+
+    ``config``: the keyword arguments of :func:`drafter_config_dict` (shapes, ``gating``,
+    ``layer_type``, ``name_or_path``, ...); its defaults make a tiny drafter.
 
     Variants: ``gating`` and ``layer_type`` (see :func:`drafter_config_dict`) change the key set
     (no ``g_proj`` when gating is disabled, ``n_heads * head_dim`` rows of it per element); RoPE
@@ -208,12 +197,7 @@ def write_drafter(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    raw = drafter_config_dict(
-        hidden=hidden, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
-        intermediate=intermediate, target_layer_ids=target_layer_ids, num_target_layers=num_target_layers,
-        vocab_size=vocab_size, sliding_window=sliding_window, block_size=block_size,
-        mask_token_id=mask_token_id, name_or_path=name_or_path, gating=gating, layer_type=layer_type,
-    )
+    raw = drafter_config_dict(**config)
     cfg = parse_config(raw, out_dir / "config.json")
     written = apply_overrides(raw, config_overrides)
     (out_dir / "config.json").write_text(json.dumps(written, indent=2) + "\n", encoding="utf-8")
@@ -225,7 +209,7 @@ def write_drafter(
         key = name
         if layers_after_target and name.startswith("layers."):
             n, rest = name[len("layers."):].split(".", 1)
-            key = f"layers.{int(n) + num_target_layers}.{rest}"
+            key = f"layers.{int(n) + cfg.num_target_layers}.{rest}"
         if prefix:
             key = "model." + key
         if not fused_qkv and name.endswith("self_attn.qkv_proj.weight"):

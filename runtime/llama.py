@@ -17,6 +17,7 @@ import sys
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
@@ -96,7 +97,27 @@ def _cpu_buft() -> int:
     return fn()
 
 
-class Model:
+class _NativeHandle:
+    """An object holding memory llama.cpp allocated: freed by ``close()`` (which must be safe to
+    call twice), at the end of a ``with`` block, and when collected."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # a half-built object (its __init__ raised), or the bindings gone at exit
+            pass
+
+
+class Model(_NativeHandle):
     """A loaded GGUF model (target or drafter)."""
 
     def __init__(self, path: str | os.PathLike, n_gpu_layers: int = 0, use_mmap: bool = True,
@@ -247,18 +268,6 @@ class Model:
                 rpc.release(self._endpoints)
                 self._endpoints = None
 
-    def __enter__(self) -> "Model":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
-
 
 # ---------------------------------------------------------------------------- context
 
@@ -297,7 +306,7 @@ class ContextParams:
     op_offload: bool | None = None
 
 
-class Context:
+class Context(_NativeHandle):
     """A llama_context with checked decoding, logits, capture and KV-cache editing."""
 
     def __init__(self, model: Model, params: ContextParams | None = None, other: "Context | None" = None) -> None:
@@ -618,18 +627,6 @@ class Context:
         if getattr(self, "_ptr", None):
             ll.llama_free(self._ptr)
             self._ptr = None
-
-    def __enter__(self) -> "Context":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class _Batch:

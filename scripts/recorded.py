@@ -1,9 +1,12 @@
-"""The command line a benchmark script writes into its results, quoted so that it reruns as run."""
+"""What a benchmark script leaves behind: the command line it writes into its results (quoted so
+that it reruns as run), and the results themselves as JSON and a plot."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -13,3 +16,15 @@ def command_line(script: str, argv: list[str] | None = None) -> str:
     """``python scripts/<folder>/<script>.py <arguments>``; ``argv`` None: this process's arguments."""
     path = Path(script).resolve().relative_to(REPO).as_posix()
     return shlex.join(["python", path, *(sys.argv[1:] if argv is None else argv)])
+
+
+def write_results(result: dict, json_path: Path | None, png_path: Path | None,
+                  plot: Callable[[dict, Path], None], console, *, indent: int = 1) -> None:
+    """``result`` as JSON into ``json_path`` and ``plot(result, png_path)``, each where a path is
+    given, saying on ``console`` (a rich Console) what was written."""
+    if json_path:
+        json_path.write_text(json.dumps(result, indent=indent) + "\n")
+        console.print(f"wrote {json_path}")
+    if png_path:
+        plot(result, png_path)
+        console.print(f"wrote {png_path}")

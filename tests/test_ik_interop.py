@@ -82,6 +82,9 @@ def test_ik_named_copy_restores_ik_names_of_an_old_file(drafter, tmp_path):
     if new:  # the round trip gives the converter's file back, byte for byte
         assert copy.read_bytes() == drafter.read_bytes()
     assert ik_named_copy(copy, tmp_path / "again.gguf") == copy  # nothing left to rename
+    if new:  # without an output path the copy lies next to the file it renames
+        beside = tmp_path / "old-ik-names.gguf"
+        assert ik_named_copy(old) == beside and legacy_norm_tensors(beside) == []
 
 
 @needs_ik

@@ -193,12 +193,7 @@ class SlotPool:
             self._waiting.clear()
             running = [s.job for s in self.slots if s.job is not None and not s.job.finished]
             self._update_gauges()
-        for job in waiting:
-            job.cancel()
-            self._finish(job, "cancelled")
-            job._put(("error", PoolClosed()))
-        for job in running:
-            job.cancel()
+        self._cut(waiting, running)
         return len(waiting) + len(running)
 
     def status(self) -> dict:
@@ -206,6 +201,15 @@ class SlotPool:
             return {"slots": len(self.slots), "slots_idle": len(self._idle), "queue": len(self._waiting)}
 
     # -- internals (under self._lock where noted)
+
+    def _cut(self, waiting: list[Job], running: list[Job]) -> None:
+        """``waiting`` (already taken off the queue) ends with PoolClosed; ``running`` stops at its next round."""
+        for job in waiting:
+            job.cancel()
+            self._finish(job, "cancelled")
+            job._put(("error", PoolClosed()))
+        for job in running:
+            job.cancel()
 
     def _best_idle(self, job: Job) -> Slot:  # under the lock: idle engines are not running
         return max(self._idle, key=lambda s: (s.engine.cached_prefix(job.tokens), -s.index))
@@ -301,12 +305,7 @@ class SlotPool:
             running = [s.job for s in self.slots if s.job is not None]
             for s in self.slots:
                 s._wake.notify()
-        for job in waiting:
-            job.cancel()
-            self._finish(job, "cancelled")
-            job._put(("error", PoolClosed()))
-        for job in running:
-            job.cancel()
+        self._cut(waiting, running)
         alive = False
         for s in self.slots:
             s.thread.join(timeout)

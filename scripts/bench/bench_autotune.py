@@ -25,7 +25,6 @@ of the generation time.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from recorded import command_line  # noqa: E402
+from recorded import command_line, write_results  # noqa: E402
 
 
 def degraded_drafter(mix: float, seed: int = 0) -> Path:
@@ -308,12 +307,7 @@ def main(argv=None) -> int:
         split = w["auto_time_split"]
         console.print(f"{name}: auto's rounds, mean ms (count): " + ", ".join(
             f"{k} {v['mean_ms']:.3f} ({v['rounds']})" for k, v in split.items() if v["mean_ms"] is not None))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-        console.print(f"wrote {args.json}")
-    if args.png:
-        plot(result, args.png)
-        console.print(f"wrote {args.png}")
+    write_results(result, args.json, args.png, plot, console)
     return 0
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
 from investigate.check_ik_interop import (  # noqa: E402
     IkFailed, ik_bin_dir, ik_command, ik_named_copy, legacy_norm_tensors, peer_root, run_ik, vendored_bin_dir)
-from recorded import command_line  # noqa: E402
+from recorded import command_line, write_results  # noqa: E402
 
 OURS, IK, FLOOR = "laguna-run", "ik_llama.cpp", "llama.cpp C++ (vendored)"
 WARMUP_TOKENS = 8
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     drafter = args.drafter or assets.converted_tiny_drafter()
     ik_drafter = drafter
     if legacy_norm_tensors(drafter) and args.rename_ffn_norm:
-        ik_drafter = ik_named_copy(drafter, drafter.with_name(drafter.stem + "-ik-names.gguf"))
+        ik_drafter = ik_named_copy(drafter)
     prompts = assets.read_prompts(assets.CODE_PROMPTS)[:args.prompts]
     floor_bin = vendored_bin_dir()
     if floor_bin is None:
@@ -283,12 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if floor_tps:
         console.print(f"laguna-run plain / C++ floor, medians: {verdict['ours_plain_over_cpp_floor']:.2f}x")
     console.print(f"ik plain text equals laguna-run plain text on every prompt: {'yes' if same_plain_text else 'no'}")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {args.json}")
-    if args.png:
-        plot(result, args.png)
-        console.print(f"wrote {args.png}")
+    write_results(result, args.json, args.png, plot, console, indent=2)
     return 0
 
 

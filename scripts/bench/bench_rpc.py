@@ -20,7 +20,6 @@ bytes sent each way per generated token. The speculative/plain ratio is taken pe
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -30,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
 from bench.delay_proxy import DelayProxy  # noqa: E402
-from recorded import command_line  # noqa: E402
+from recorded import command_line, write_results  # noqa: E402
 
 
 def start_server(port: int, threads: int) -> subprocess.Popen:
@@ -170,12 +169,7 @@ def main() -> int:
         "rows": rows,
     }
     print_table(result, console)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-        console.print(f"wrote {args.json}")
-    if args.png:
-        plot(result, args.png)
-        console.print(f"wrote {args.png}")
+    write_results(result, args.json, args.png, plot, console)
     return 0
 
 

@@ -103,13 +103,13 @@ def ik_name(name: str) -> str:
     return IK_NORM.format(m.group(1)) if m else name
 
 
-def ik_named_copy(drafter: Path, out: Path) -> Path:
+def ik_named_copy(drafter: Path, out: Path | None = None) -> Path:
     """``drafter`` with each ``blk.N.ffn_norm.weight`` renamed to ik's ``blk.N.post_attention_norm.weight``
-    (a file converted before the converter wrote ik's name). Returns ``drafter`` itself when
-    nothing needs renaming."""
+    (a file converted before the converter wrote ik's name), written to ``out`` (default: next to
+    ``drafter``, named ``<stem>-ik-names.gguf``). Returns ``drafter`` itself when nothing needs renaming."""
     if not legacy_norm_tensors(drafter):
         return drafter
-    return renamed_copy(drafter, out, ik_name)
+    return renamed_copy(drafter, out or drafter.with_name(drafter.stem + "-ik-names.gguf"), ik_name)
 
 
 # --------------------------------------------------------------------------- running ik
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     ours_drafter = drafter
     legacy = legacy_norm_tensors(drafter)
     if args.rename_ffn_norm and legacy:
-        drafter = ik_named_copy(drafter, drafter.with_name(drafter.stem + "-ik-names.gguf"))
+        drafter = ik_named_copy(drafter)
         print(f"renamed {len(legacy)} tensors (ffn_norm -> post_attention_norm): {drafter}")
     elif legacy:
         print(f"{drafter.name} names its pre-FFN norms {legacy[0]} ... (ik looks for post_attention_norm)")

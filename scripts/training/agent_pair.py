@@ -98,25 +98,13 @@ def build_drafter_data(args, log, model, tok, prefixes: list[str], layer_ids):
 
     rng = np.random.default_rng(args.seed + 1)
     encoded = [tok(p, add_special_tokens=False)["input_ids"] for p in prefixes]
-    lengths = [192, 320, 448]
-    n_batches = args.drafter_seqs // args.gen_batch
-    seqs, feats, plens = [], [], []
-    with dp.progress(log) as prog:
-        task = prog.add_task("target answers", total=n_batches, info="")
-        for b in range(n_batches):
-            P = lengths[b % len(lengths)]
-            pool = [e for e in encoded if len(e) >= P]
-            chosen = rng.choice(len(pool), args.gen_batch, replace=False)
-            prompts = torch.tensor([pool[i][-P:] for i in chosen])
-            full = dp.greedy_continue(model, prompts, args.gen)
-            h = dp.capture(model, full, layer_ids)
-            for i in range(full.shape[0]):
-                seqs.append(full[i].numpy().astype(np.int32))
-                feats.append(h[i].to(torch.bfloat16))
-                plens.append(P)
-            prog.update(task, advance=1, info=f"prompt {P} + {args.gen}")
-            log.plain(f"generated batch {b + 1}/{n_batches} (prompt {P} + {args.gen})")
-    return seqs, feats, plens
+
+    def tails(P: int):
+        pool = [e for e in encoded if len(e) >= P]
+        chosen = rng.choice(len(pool), args.gen_batch, replace=False)
+        return torch.tensor([pool[i][-P:] for i in chosen])
+
+    return dp.continue_batches(args, log, model, layer_ids, [192, 320, 448], tails, "target answers")
 
 
 CARD = """\

@@ -386,30 +386,41 @@ def capture(model, seqs, layer_ids):
     return torch.cat([by_id[t].float() for t in layer_ids], dim=-1)
 
 
-def build_drafter_data(args, log: Log, model, stream: np.ndarray, layer_ids):
-    """Random training windows continued greedily by the target, with their captured states."""
+def continue_batches(args, log: Log, model, layer_ids, lengths: list[int], batch_prompts, what: str):
+    """``args.drafter_seqs // args.gen_batch`` batches of prompts continued greedily by the target
+    for ``args.gen`` tokens, with their captured states; batch ``b``'s prompts are
+    ``batch_prompts(P)``, ``args.gen_batch`` rows of ``P = lengths[b % len(lengths)]`` tokens
+    (rows of one length, so a batch stacks)."""
     import torch
 
-    rng = np.random.default_rng(args.seed + 1)
-    G = args.gen
-    lengths = [64, 128, 192, 256, 320]
     n_batches = args.drafter_seqs // args.gen_batch
     seqs, feats, plens = [], [], []
     with progress(log) as prog:
-        task = prog.add_task("target generates", total=n_batches, info="")
+        task = prog.add_task(what, total=n_batches, info="")
         for b in range(n_batches):
             P = lengths[b % len(lengths)]
-            starts = rng.integers(0, len(stream) - P - 1, args.gen_batch)
-            prompts = torch.from_numpy(np.stack([stream[s:s + P] for s in starts]).astype(np.int64))
-            full = greedy_continue(model, prompts, G)
+            full = greedy_continue(model, batch_prompts(P), args.gen)
             h = capture(model, full, layer_ids)
             for i in range(full.shape[0]):
                 seqs.append(full[i].numpy().astype(np.int32))
                 feats.append(h[i].to(torch.bfloat16))
                 plens.append(P)
-            prog.update(task, advance=1, info=f"prompt {P} + {G}")
-            log.plain(f"generated batch {b + 1}/{n_batches} (prompt {P} + {G})")
+            prog.update(task, advance=1, info=f"prompt {P} + {args.gen}")
+            log.plain(f"generated batch {b + 1}/{n_batches} (prompt {P} + {args.gen})")
     return seqs, feats, plens
+
+
+def build_drafter_data(args, log: Log, model, stream: np.ndarray, layer_ids):
+    """Random training windows continued greedily by the target, with their captured states."""
+    import torch
+
+    rng = np.random.default_rng(args.seed + 1)
+
+    def windows(P: int):
+        starts = rng.integers(0, len(stream) - P - 1, args.gen_batch)
+        return torch.from_numpy(np.stack([stream[s:s + P] for s in starts]).astype(np.int64))
+
+    return continue_batches(args, log, model, layer_ids, [64, 128, 192, 256, 320], windows, "target generates")
 
 
 # ------------------------------------------------------------------------------------ drafter
