@@ -263,7 +263,7 @@ def replay(args) -> int:
         console.print("ik_llama.cpp's llama-server is not built (scripts/bench/build_peer.sh ik): laguna-run only")
     else:
         drafter = assets.converted_agent_drafter()
-        ik_drafter = ik_named_copy(drafter, drafter.with_name(drafter.stem + "-ik-names.gguf"))
+        ik_drafter = ik_named_copy(drafter)
         configs += [Config(IK, d) for d in [0, *args.ik]]
     runs: dict[str, list[list[dict]]] = {c.name: [] for c in configs}
     load = {"before": os.getloadavg(), "per_repetition": []}
