@@ -96,10 +96,14 @@ def _whole(client: openai.OpenAI, request: dict) -> tuple[dict, str, dict]:
 
 
 def _streamed(client: openai.OpenAI, request: dict) -> tuple[dict, str, dict]:
-    """The same reply, accumulated from the streamed deltas (a call's id and name come in its
-    first delta, its arguments in pieces)."""
+    return read_stream(client.chat.completions.create(stream=True, **request))
+
+
+def read_stream(chunks) -> tuple[dict, str, dict]:
+    """The reply a stream of chat completion chunks spells (a call's id and name come in its
+    first delta, its arguments in pieces), its finish reason and the server's timings."""
     content, reasoning, calls, finish_reason, timings = [], [], {}, None, {}
-    for chunk in client.chat.completions.create(stream=True, **request):
+    for chunk in chunks:
         timings = chunk.model_extra.get("timings") or timings  # laguna-run serve: on the last chunk
         for choice in chunk.choices:
             delta = choice.delta

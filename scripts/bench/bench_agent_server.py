@@ -191,38 +191,39 @@ def calls_of(message: dict) -> list[tuple[str, object]]:
     return out
 
 
+def said(message: dict) -> tuple:
+    """What a reply says: its text, its reasoning and its calls (not the ids servers draw)."""
+    return message.get("content") or "", message.get("reasoning_content") or "", calls_of(message)
+
+
 def send(client, model: str, recording: dict, history: list[dict]) -> dict:
     """One streamed request: its timings, usage and the reply it parsed."""
+    from agent import read_stream
+
+    seen: dict = {"first": None, "usage": None}
+
+    def timed(chunks):
+        for chunk in chunks:
+            seen["usage"] = chunk.usage or seen["usage"]
+            if seen["first"] is None and any(
+                    c.delta.content or (c.delta.model_extra or {}).get("reasoning_content") or c.delta.tool_calls
+                    for c in chunk.choices):
+                seen["first"] = time.perf_counter()
+            yield chunk
+
     t0 = time.perf_counter()
-    first = None
-    content, reasoning, calls, usage = [], [], {}, None
-    stream = client.chat.completions.create(
+    reply, _, _ = read_stream(timed(client.chat.completions.create(
         model=model, messages=history, tools=recording["tools"], temperature=0, max_tokens=recording["max_tokens"],
         stream=True, stream_options={"include_usage": True}, parallel_tool_calls=True,
-        extra_body={"chat_template_kwargs": recording["chat_template_kwargs"]})
-    for chunk in stream:
-        usage = chunk.usage or usage
-        for choice in chunk.choices:
-            delta = choice.delta
-            thought = (delta.model_extra or {}).get("reasoning_content")
-            if first is None and (delta.content or thought or delta.tool_calls):
-                first = time.perf_counter()
-            content.append(delta.content or "")
-            reasoning.append(thought or "")
-            for piece in delta.tool_calls or ():
-                call = calls.setdefault(piece.index, {"function": {"name": "", "arguments": ""}})
-                if piece.function:
-                    call["function"]["name"] += piece.function.name or ""
-                    call["function"]["arguments"] += piece.function.arguments or ""
+        extra_body={"chat_template_kwargs": recording["chat_template_kwargs"]})))
     end = time.perf_counter()
-    first = first or end
+    first, usage = seen["first"] or end, seen["usage"]
     n = usage.completion_tokens if usage else 0
     cached = (usage.prompt_tokens_details.cached_tokens or 0) if usage and usage.prompt_tokens_details else 0
     return {"wall_s": end - t0, "ttft_s": first - t0,
             "tokens_per_s": (n - 1) / (end - first) if n > 1 and end > first else None,
             "prompt_tokens": usage.prompt_tokens if usage else None, "cached_tokens": cached, "completion_tokens": n,
-            "reply": {"content": "".join(content), "reasoning_content": "".join(reasoning),
-                      "tool_calls": [calls[i] for i in sorted(calls)]}}
+            "reply": reply}
 
 
 def replay_session(config: Config, recording: dict, threads: int, ik_binary, ik_drafter) -> list[dict]:
@@ -238,9 +239,8 @@ def replay_session(config: Config, recording: dict, threads: int, ik_binary, ik_
             got = send(client, model, recording, messages[:turn["history"]])
             want = messages[turn["history"]]
             got["calls_right"] = calls_of(got["reply"]) == calls_of(want)
-            got["same_reply"] = (got["calls_right"] and got["reply"]["content"] == (want.get("content") or "")
-                                 and got["reply"]["reasoning_content"] == (want.get("reasoning_content") or ""))
-            got["n_calls"] = len(got["reply"]["tool_calls"])
+            got["same_reply"] = said(got["reply"]) == said(want)
+            got["n_calls"] = len(got["reply"].get("tool_calls", ()))
             out.append(got)
         return out
     finally:
@@ -308,7 +308,7 @@ def summarise(recording: dict, configs: list[Config], runs: dict[str, list[list[
                           "completion_tokens": at[0]["completion_tokens"], "n_calls": at[0]["n_calls"],
                           "calls_right_every_repetition": all(t["calls_right"] for t in at),
                           "same_reply_every_repetition": all(t["same_reply"] for t in at),
-                          "same_as_own_plain": (at[0]["reply"] == runs[Config(c.server, 0).name][0][k]["reply"]
+                          "same_as_own_plain": (said(at[0]["reply"]) == said(runs[Config(c.server, 0).name][0][k]["reply"])
                                                 if Config(c.server, 0).name in runs else None)})
             if not turns[-1]["calls_right_every_repetition"]:
                 turns[-1]["reply_first_repetition"] = at[0]["reply"]
