@@ -255,7 +255,7 @@ def replay(args) -> int:
     from laguna_dflash.runtime import assets
 
     console = Console(width=max(Console().width, 120))
-    recording = json.loads(args.recording.read_text())
+    recording = args.recording_data
     ik_binary = ik_server_binary()
     configs = [Config(OURS, d) for d in [0, *args.ours]]
     ik_drafter = None
@@ -411,7 +411,28 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--json", type=Path)
     rep.add_argument("--png", type=Path)
     args = ap.parse_args(argv)
+    if args.command == "replay":
+        args.recording_data = read_recording(args.recording, ap)
     return record(args) if args.command == "record" else replay(args)
+
+
+def read_recording(path: Path, ap: argparse.ArgumentParser) -> dict:
+    """The recorded session, or argparse's one-line error (exit 2) naming what is wrong."""
+    try:
+        recording = json.loads(path.read_text())
+    except OSError as e:
+        ap.error(f"--recording {path}: cannot read it ({e.strerror or e})")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        ap.error(f"--recording {path}: expected a session written by `record`, found no JSON ({e})")
+    needed = ("tools", "chat_template_kwargs", "max_tokens", "tasks", "turns", "messages")
+    if not isinstance(recording, dict) or any(k not in recording for k in needed):
+        ap.error(f"--recording {path}: expected a session written by `record` (keys {', '.join(needed)})")
+    n = len(recording["messages"]) if isinstance(recording["messages"], list) else 0
+    for k, turn in enumerate(recording["turns"] if isinstance(recording["turns"], list) else [None]):
+        if not (isinstance(turn, dict) and isinstance(turn.get("history"), int) and 0 < turn["history"] < n):
+            ap.error(f"--recording {path}: turns[{k}].history: expected the index of a recorded reply in "
+                     f"1..{n - 1}, found {turn.get('history') if isinstance(turn, dict) else turn!r}")
+    return recording
 
 
 if __name__ == "__main__":
