@@ -413,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.command == "replay":
         args.recording_data = read_recording(args.recording, ap)
+    elif args.tasks < 1 or args.max_steps < 1:
+        ap.error(f"--tasks {args.tasks} --max-steps {args.max_steps}: expected both >= 1")
+    elif args.out.is_dir() or not os.access(args.out.parent if args.out.parent.exists() else Path.cwd(), os.W_OK):
+        ap.error(f"--out {args.out}: cannot write a file there")  # before the session, not after it
     return record(args) if args.command == "record" else replay(args)
 
 
