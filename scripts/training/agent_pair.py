@@ -38,6 +38,7 @@ from laguna_dflash.runtime import assets
 from . import agent_tasks as at
 from . import copy_curriculum as cc
 from . import demo_pair as dp
+from . import induction_init
 from . import tiny_target as tt
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,8 +137,8 @@ subjects of {n_held} stdlib modules and {n_pkgs} packages never seen in training
 
 ## Training
 
-Target: {s1} steps of an 8-layer model, grown to 24 layers (function-preserving, as for the code
-pair), {s2} more steps; windows of {seq} tokens, most starting at conversation starts; batches of {batch}.
+Target: {s1} steps of an 8-layer model{induction}, grown to 24 layers (function-preserving, as for the code
+pair), {s2} more steps; windows of {seq} tokens, most starting at conversation starts{copy_windows}; batches of {batch}.
 Loss on the assistant's tokens only (conversation windows) and on every token of the code
 windows; on held-out conversations, every token counted (tool results and requests included,
 which it was not trained to predict): {heldout:.3f} nats/token. Drafter: the target's own greedy replies to
@@ -164,12 +165,21 @@ pair for the chat format, tool-call plumbing and speculation on agent traffic, n
 
 def write_card(out: Path, record: dict) -> None:
     t, d, c, est = record["target"], record["drafter"], record["corpus"], record["acceptance"]
+    copying = record.get("copy_accuracy", {})
+    induction = copy_windows = ""
+    if record["args"].get("induction_init"):
+        induction = (" that starts with an induction circuit written into its weights\n"
+                     "(`scripts/training/induction_init.py`; share of held-out repetition tokens copied "
+                     f"{copying['initial']} before training, {copying['stage1']} after stage 1, {copying['stage2']} at the end)")
+    if record["args"].get("copy_share"):
+        copy_windows = f", {record['args']['copy_share']:.0%} of them requests to repeat random phrases"
     out.joinpath("README.md").write_text(CARD.format(
         python=record["python"], n_families=10, gguf=TARGET_GGUF, params=t["parameters"] / 1e6, ddir=DRAFTER_DIR,
         ids=list(dp.DRAFTER_KW["target_layer_ids"]), vocab=dp.VOCAB, conversations=c["conversations"],
         agent_tokens=c["agent_tokens"], code_share=c["code_windows_share"], code_tokens=c["code_tokens"],
         n_held=len(dp.HELD_OUT), n_pkgs=len(at.HELD_OUT_PACKAGES), s1=t["stage1_steps"], s2=t["stage2_steps"],
         seq=record["args"]["seq"], batch=record["args"]["batch"], heldout=t["heldout_loss"],
+        induction=induction, copy_windows=copy_windows,
         dseqs=record["args"]["drafter_seqs"], dsteps=d["steps"], est_prompts=est["prompts"],
         acc=est["mean_accepted_per_round"], by_depth=est["accepted_at_depth"], command=record["command"],
         wall_min=record["wall_seconds"] / 60, machine=record["machine"], torch=record["torch"]))
@@ -187,6 +197,10 @@ def main(argv=None) -> int:
                     help="steps of the copy stage before the agent data (copy_curriculum.py); 0: none")
     ap.add_argument("--copy-share", type=float, default=0.0,
                     help="share of the agent stages' training windows that are copy examples")
+    ap.add_argument("--induction-init", action="store_true",
+                    help="start stage 1 from a target with an induction circuit written in (induction_init.py)")
+    ap.add_argument("--isolate-spaces", action="store_true",
+                    help="a tokenizer whose spaces are tokens of their own (a word is the same tokens wherever it is)")
     ap.add_argument("--stage1-layers", type=int, default=8)
     ap.add_argument("--stage1-steps", type=int, default=1500)
     ap.add_argument("--stage2-steps", type=int, default=100)
@@ -246,7 +260,7 @@ def main(argv=None) -> int:
     code_files = dp.training_files()
     if not args.reuse_target:
         tt.build_tokenizer(hf_dir, dp.VOCAB, code_files, specials=SPECIALS, texts=texts[:800],
-                           chat_template=template_text)
+                           chat_template=template_text, isolate_spaces=args.isolate_spaces)
     tok = AutoTokenizer.from_pretrained(hf_dir)
     for i, s in LAGUNA_SPECIALS.items():
         assert tok.convert_tokens_to_ids(s) == i, (s, i)
@@ -285,17 +299,28 @@ def main(argv=None) -> int:
     else:
         torch.manual_seed(args.seed)
         small = LagunaForCausalLM(LagunaConfig(**target_config(args.stage1_layers))).float()
+        copy_eval = cc.batch(tok, cc.word_tokens(tok, args.seed), len(cc.word_tokens(tok, args.seed)),
+                             np.random.default_rng(args.seed + 8), 16, 128)
+        copying = log.record.setdefault("copy_accuracy", {})
+        if args.induction_init:
+            induction_init.install(small, args.seed)
+            copying["initial"] = round(cc.accuracy(small, *copy_eval), 4)
+            log.info(f"induction circuit written in: held-out copy accuracy {copying['initial']:.3f}")
         if args.copy_steps:
             log.record["copy_stage"] = cc.train(args, log, small, tok, args.copy_steps)
         l1 = dp.train_lm(args, log, small, joined, args.stage1_steps, args.lr, args.batch, args.seq, args.seed,
                          "target stage 1", starts=starts, trained=trained)
         h1 = dp.eval_loss(small, held_stream, args.seq)
-        log.info(f"stage 1: train loss (avg20) {np.mean(l1[-20:]):.3f}, held-out conversations {h1:.3f}")
+        copying["stage1"] = round(cc.accuracy(small, *copy_eval), 4)
+        log.info(f"stage 1: train loss (avg20) {np.mean(l1[-20:]):.3f}, held-out conversations {h1:.3f}, "
+                 f"held-out copy accuracy {copying['stage1']:.3f}")
         target = dp.grow_depth(small, dp.N_LAYER, args.seed + 10, config_for=target_config)
         l2 = dp.train_lm(args, log, target, joined, args.stage2_steps, args.lr2, args.batch, args.seq, args.seed + 1,
                          "target stage 2", starts=starts, trained=trained)
         h2 = dp.eval_loss(target, held_stream, args.seq)
-        log.info(f"stage 2: train loss (avg20) {np.mean(l2[-20:]):.3f}, held-out conversations {h2:.3f}")
+        copying["stage2"] = round(cc.accuracy(target, *copy_eval), 4)
+        log.info(f"stage 2: train loss (avg20) {np.mean(l2[-20:]):.3f}, held-out conversations {h2:.3f}, "
+                 f"held-out copy accuracy {copying['stage2']:.3f}")
         log.record["target"] = {"parameters": sum(p.numel() for p in target.parameters()),
                                 "stage1_steps": args.stage1_steps, "stage2_steps": args.stage2_steps,
                                 "tokens": (args.stage1_steps + args.stage2_steps) * args.batch * args.seq,

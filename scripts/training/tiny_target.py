@@ -87,14 +87,22 @@ def corpus_files(limit: int = 40) -> list[Path]:
 
 def build_tokenizer(out_dir: Path, vocab_size: int, files: list[Path] | None = None,
                     specials: list[str] = SPECIAL_TOKENS, texts: list[str] | None = None,
-                    chat_template: str | None = None) -> None:
+                    chat_template: str | None = None, isolate_spaces: bool = False) -> None:
     """Byte-level BPE (GPT-2 pre-tokenizer) with the Laguna-style specials at fixed ids (a
-    special's id is its index in ``specials``); trained on ``files`` plus ``texts``."""
+    special's id is its index in ``specials``); trained on ``files`` plus ``texts``.
+
+    ``isolate_spaces``: a space is always a token of its own, never merged into the word after
+    it, so a word is the same tokens after a space as after a backtick or a parenthesis (what
+    copying a name from a request into a call needs). No merge then contains a space, so
+    llama.cpp's GPT-2 pre-tokenizer splits text into the same tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if isolate_spaces:
+        # after the GPT-2 split (whose chunk boundaries llama.cpp reproduces), not before it
+        tok.pre_tokenizer = pre_tokenizers.Sequence([tok.pre_tokenizer, pre_tokenizers.Split("Ġ", behavior="isolated")])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
