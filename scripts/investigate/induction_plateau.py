@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Does a small Laguna learn to copy (form an induction circuit) within a CPU budget?
+
+The textbook task: windows packed with random runs of word tokens (4-23 of them), each run
+followed by itself; the loss is on the repeat after its first token, which only copying can
+predict. Prints the loss and the share of held-out repeat tokens predicted every 100 steps.
+
+    python scripts/investigate/induction_plateau.py --layers 2 --steps 2000            # all word tokens: stays at chance
+    python scripts/investigate/induction_plateau.py --layers 2 --steps 1000 --alphabet 64
+    python scripts/investigate/induction_plateau.py --layers 8 --induction --steps 0   # the circuit written in, untrained
+    python scripts/investigate/induction_plateau.py --arch llama --layers 2 --steps 600 --alphabet 64
+
+The model is the agent pair's stage-1 target config at ``--layers`` depth (``--arch llama``: a
+Llama of the same width, to see whether Laguna's features are the obstacle); the tokenizer is
+the bundled agent pair's. Results: docs/agent.md ("Copying written in, not learnt").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from training import copy_curriculum, demo_pair, induction_init  # noqa: E402
+
+from laguna_dflash.runtime import assets  # noqa: E402
+
+
+def repeat_batch(word_ids: np.ndarray, alphabet: int, rng, n: int, seq: int):
+    import torch
+
+    xs, keep = [], []
+    for _ in range(n):
+        ids, k = [], []
+        while len(ids) < seq:
+            run = list(word_ids[rng.integers(0, alphabet, int(rng.integers(4, 24)))])
+            ids += run + run
+            k += [False] * (len(run) + 1) + [True] * (len(run) - 1)
+        xs.append(ids[:seq])
+        keep.append(k[:seq])
+    x = torch.tensor(xs)
+    return x, x.masked_fill(~torch.tensor(keep), -100)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--arch", choices=("laguna", "llama"), default="laguna")
+    ap.add_argument("--induction", action="store_true", help="write the induction circuit in first (induction_init.py)")
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--alphabet", type=int, default=0, help="word tokens drawn from (0: all of them)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    if args.induction and (args.arch != "laguna" or args.layers < induction_init.INDUCTION_LAYER + 1):
+        ap.error(f"--induction: needs --arch laguna and --layers >= {induction_init.INDUCTION_LAYER + 1}")
+
+    import torch
+    from transformers import AutoTokenizer, LagunaConfig, LagunaForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(assets.AGENT_DIR / "tokenizer")
+    word_ids = np.asarray(tok.convert_tokens_to_ids(copy_curriculum.word_tokens(tok, 0)))
+    alphabet = args.alphabet or len(word_ids)
+    if args.arch == "llama":
+        cfg = demo_pair.target_config(args.layers)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+                                             intermediate_size=cfg["intermediate_size"], num_hidden_layers=args.layers,
+                                             num_attention_heads=4, num_key_value_heads=2, head_dim=cfg["head_dim"]))
+    else:
+        model = LagunaForCausalLM(LagunaConfig(**demo_pair.target_config(args.layers)))
+    model = model.float()
+    if args.induction:
+        induction_init.install(model, seed=0)
+    held_out = repeat_batch(word_ids, alphabet, np.random.default_rng(99), 32, args.seq)
+    model.eval()
+    print(f"before training: repeat accuracy {copy_curriculum.accuracy(model, *held_out):.3f}", flush=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    rng = np.random.default_rng(1)
+    t0 = time.time()
+    model.train()
+    for step in range(args.steps):
+        x, labels = repeat_batch(word_ids, alphabet, rng, args.batch, args.seq)
+        for g in opt.param_groups:
+            g["lr"] = demo_pair.lr_at(step, args.steps, args.lr, 50)
+        loss = model(input_ids=x, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 100 == 0 or step == args.steps - 1:
+            model.eval()
+            acc = copy_curriculum.accuracy(model, *held_out)
+            model.train()
+            print(f"step {step}: loss {loss.item():.3f}, repeat accuracy {acc:.3f} ({time.time() - t0:.0f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
