@@ -27,23 +27,11 @@ def stage1_target(with_circuit: bool):
     return model
 
 
-def repeated_sequences(n: int = 8, seq: int = 192):
-    """Random word-token runs of 4-40 tokens, each followed by itself; the labels are the second
-    copy after its first token (what an earlier occurrence predicts)."""
+def repeated_sequences():
+    """Random word-token runs of 4-40 tokens, each followed by itself."""
     tok = transformers.AutoTokenizer.from_pretrained(assets.AGENT_DIR / "tokenizer")
     ids = np.asarray(tok.convert_tokens_to_ids(copy_curriculum.word_tokens(tok, 0)))
-    rng = np.random.default_rng(3)
-    xs, keep = [], []
-    for _ in range(n):
-        x, k = [], []
-        while len(x) < seq:
-            run = list(ids[rng.integers(0, len(ids), int(rng.integers(4, 41)))])
-            x += run + run
-            k += [False] * (len(run) + 1) + [True] * (len(run) - 1)
-        xs.append(x[:seq])
-        keep.append(k[:seq])
-    x = torch.tensor(xs)
-    return x, x.masked_fill(~torch.tensor(keep), -100)
+    return copy_curriculum.repeated_runs(ids, np.random.default_rng(3), 8, 192, longest=40)
 
 
 def test_a_target_with_the_circuit_continues_repeats_before_training_and_one_without_does_not():

@@ -4,8 +4,6 @@ pre-tokenizes like GPT-2, splits text into exactly the tokens transformers train
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -33,12 +31,7 @@ def vocab(tmp_path_factory):
     tiny_target.build_tokenizer(d, 1024, demo_pair.training_files()[:6], specials=agent_pair.SPECIALS,
                                 texts=TEXTS * 3, isolate_spaces=True)
     transformers.LagunaConfig(**agent_pair.target_config(8), architectures=["LagunaForCausalLM"]).save_pretrained(d)
-    llama_dir = tiny_target.llama_cpp_dir()
-    out = d / "vocab.gguf"
-    r = subprocess.run([sys.executable, "-c", tiny_target._CONVERT_SHIM, str(llama_dir), str(d), "--outfile", str(out),
-                        "--vocab-only"], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(llama_dir), str(llama_dir / "gguf-py")])})
-    assert r.returncode == 0, r.stderr[-2000:]
+    out = tiny_target.convert_to_gguf(d, d / "vocab.gguf", vocab_only=True)
     return d, out
 
 

@@ -30,22 +30,6 @@ from training import copy_curriculum, demo_pair, induction_init  # noqa: E402
 from laguna_dflash.runtime import assets  # noqa: E402
 
 
-def repeat_batch(word_ids: np.ndarray, alphabet: int, rng, n: int, seq: int):
-    import torch
-
-    xs, keep = [], []
-    for _ in range(n):
-        ids, k = [], []
-        while len(ids) < seq:
-            run = list(word_ids[rng.integers(0, alphabet, int(rng.integers(4, 24)))])
-            ids += run + run
-            k += [False] * (len(run) + 1) + [True] * (len(run) - 1)
-        xs.append(ids[:seq])
-        keep.append(k[:seq])
-    x = torch.tensor(xs)
-    return x, x.masked_fill(~torch.tensor(keep), -100)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=2)
@@ -79,7 +63,7 @@ def main(argv=None) -> int:
     model = model.float()
     if args.induction:
         induction_init.install(model, seed=0)
-    held_out = repeat_batch(word_ids, alphabet, np.random.default_rng(99), 32, args.seq)
+    held_out = copy_curriculum.repeated_runs(word_ids, np.random.default_rng(99), 32, args.seq, alphabet)
     model.eval()
     print(f"before training: repeat accuracy {copy_curriculum.accuracy(model, *held_out):.3f}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -87,7 +71,7 @@ def main(argv=None) -> int:
     t0 = time.time()
     model.train()
     for step in range(args.steps):
-        x, labels = repeat_batch(word_ids, alphabet, rng, args.batch, args.seq)
+        x, labels = copy_curriculum.repeated_runs(word_ids, rng, args.batch, args.seq, alphabet)
         for g in opt.param_groups:
             g["lr"] = demo_pair.lr_at(step, args.steps, args.lr, 50)
         loss = model(input_ids=x, labels=labels).loss

@@ -299,8 +299,8 @@ def main(argv=None) -> int:
     else:
         torch.manual_seed(args.seed)
         small = LagunaForCausalLM(LagunaConfig(**target_config(args.stage1_layers))).float()
-        copy_eval = cc.batch(tok, cc.word_tokens(tok, args.seed), len(cc.word_tokens(tok, args.seed)),
-                             np.random.default_rng(args.seed + 8), 16, 128)
+        words = cc.word_tokens(tok, args.seed)
+        copy_eval = cc.batch(tok, words, len(words), np.random.default_rng(args.seed + 8), 16, 128)
         copying = log.record.setdefault("copy_accuracy", {})
         if args.induction_init:
             induction_init.install(small, args.seed)

@@ -108,6 +108,26 @@ def train(args, log, model, tok, steps: int, seq: int = 128, batch_size: int = 1
     return {"steps": steps, "history": history, "final_copy_accuracy": history[-1]["copy_accuracy"]}
 
 
+def repeated_runs(word_ids: np.ndarray, rng, n: int, seq: int, alphabet: int | None = None, longest: int = 23):
+    """The textbook copy task: ``n`` windows of ``seq`` tokens packed with random runs of 4 to
+    ``longest`` word tokens (from the first ``alphabet`` of ``word_ids``), each followed by itself;
+    (input ids, labels) with the labels on the repeat after its first token, which only copying
+    predicts."""
+    import torch
+
+    xs, keep = [], []
+    for _ in range(n):
+        ids, k = [], []
+        while len(ids) < seq:
+            run = list(word_ids[rng.integers(0, alphabet or len(word_ids), int(rng.integers(4, longest + 1)))])
+            ids += run + run
+            k += [False] * (len(run) + 1) + [True] * (len(run) - 1)
+        xs.append(ids[:seq])
+        keep.append(k[:seq])
+    x = torch.tensor(xs)
+    return x, x.masked_fill(~torch.tensor(keep), -100)
+
+
 def stream(tok, n_examples: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Copy examples back to back over the whole alphabet, for mixing into the agent stage:
     (tokens, the answer mask, each example's start)."""

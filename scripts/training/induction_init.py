@@ -70,6 +70,17 @@ def _zero_outputs(layer) -> None:
         mlp.down_proj.weight.zero_()
 
 
+def _blank_heads(cfg, layer, layer_type: str):
+    """A layer's attention with its query, key, value and gate projections at zero, the query
+    heads per KV group, and its RoPE (base and rotated dims per head)."""
+    attn = layer.self_attn
+    for t in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.g_proj.weight):
+        t.zero_()
+    per_group = cfg.num_attention_heads_per_layer[layer.self_attn.layer_idx] // cfg.num_key_value_heads
+    rope = cfg.rope_parameters[layer_type]
+    return attn, per_group, rope["rope_theta"], int(cfg.head_dim * rope.get("partial_rotary_factor", 1.0))
+
+
 def install(model, seed: int = 0) -> None:
     """Write the circuit into a freshly made stage-1 target (in place)."""
     import torch
@@ -98,15 +109,9 @@ def install(model, seed: int = 0) -> None:
         model.lm_head.weight.copy_(head)
 
         # previous-token heads
-        attn = layers[PREV_LAYER].self_attn
-        heads = cfg.num_attention_heads_per_layer[PREV_LAYER]
-        per_group = heads // n_kv
-        rope = cfg.rope_parameters["sliding_attention"]
-        rot = int(hd * rope.get("partial_rotary_factor", 1.0))
-        theta = rope["rope_theta"] ** (-np.arange(0, rot, 2) / rot)
+        attn, per_group, base, rot = _blank_heads(cfg, layers[PREV_LAYER], "sliding_attention")
+        theta = base ** (-np.arange(0, rot, 2) / rot)
         w = offset_weights(theta, cfg.sliding_window)
-        for t in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.g_proj.weight):
-            t.zero_()
         gate = float(torch.nn.functional.softplus(torch.zeros(())))
         for grp in range(n_kv):
             qh = grp * per_group
@@ -127,14 +132,8 @@ def install(model, seed: int = 0) -> None:
         attn.k_norm.weight.fill_(PREV_GAIN)
 
         # induction heads
-        attn = layers[INDUCTION_LAYER].self_attn
-        heads = cfg.num_attention_heads_per_layer[INDUCTION_LAYER]
-        per_group = heads // n_kv
-        rope = cfg.rope_parameters["full_attention"]
-        rot = int(hd * rope.get("partial_rotary_factor", 1.0))
+        attn, per_group, _, rot = _blank_heads(cfg, layers[INDUCTION_LAYER], "full_attention")
         unrotated = range(rot, hd)
-        for t in (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.g_proj.weight):
-            t.zero_()
         for grp in range(n_kv):
             qh = grp * per_group
             proj = torch.randn(len(unrotated), n_content, generator=g) / n_content ** 0.5

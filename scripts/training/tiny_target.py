@@ -180,10 +180,11 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def convert_to_gguf(hf_dir: Path, out: Path, outtype: str = "f32", llama_dir: Path | None = None) -> Path:
+def convert_to_gguf(hf_dir: Path, out: Path, outtype: str = "f32", llama_dir: Path | None = None,
+                    vocab_only: bool = False) -> Path:
     llama_dir = llama_dir or llama_cpp_dir()
     cmd = [sys.executable, "-c", _CONVERT_SHIM, str(llama_dir), str(hf_dir),
-           "--outfile", str(out), "--outtype", outtype]
+           "--outfile", str(out), "--outtype", outtype] + (["--vocab-only"] if vocab_only else [])
     # the vendored converter and its own gguf-py, ahead of the installed gguf
     path = os.pathsep.join([str(llama_dir), str(llama_dir / "gguf-py"), os.environ.get("PYTHONPATH", "")])
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": path.rstrip(os.pathsep)})
