@@ -42,6 +42,10 @@ def main(argv=None) -> int:
     ap.add_argument("--alphabet", type=int, default=0, help="word tokens drawn from (0: all of them)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
+    for flag, value, least in (("--layers", args.layers, 1), ("--steps", args.steps, 0), ("--batch", args.batch, 1),
+                               ("--seq", args.seq, 2), ("--alphabet", args.alphabet, 0), ("--threads", args.threads, 1)):
+        if value < least:
+            ap.error(f"{flag}: expected at least {least}, found {value}")
     if args.induction and (args.arch != "laguna" or args.layers < induction_init.INDUCTION_LAYER + 1):
         ap.error(f"--induction: needs --arch laguna and --layers >= {induction_init.INDUCTION_LAYER + 1}")
 
@@ -52,6 +56,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(assets.AGENT_DIR / "tokenizer")
     word_ids = np.asarray(tok.convert_tokens_to_ids(copy_curriculum.word_tokens(tok, 0)))
+    if args.alphabet > len(word_ids):
+        ap.error(f"--alphabet: the tokenizer has {len(word_ids)} word tokens, found {args.alphabet}")
     alphabet = args.alphabet or len(word_ids)
     if args.arch == "llama":
         cfg = demo_pair.target_config(args.layers)

@@ -224,6 +224,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse-target", action="store_true", help="load the target trained by an earlier run from --work")
     ap.add_argument("--card-only", action="store_true", help="rewrite README.md from train_log.json and stop")
     args = ap.parse_args(argv)
+    if args.induction_init and args.stage1_layers <= induction_init.INDUCTION_LAYER:
+        ap.error(f"--induction-init: the circuit's heads sit in layers {induction_init.PREV_LAYER} and "
+                 f"{induction_init.INDUCTION_LAYER}; expected --stage1-layers of at least {induction_init.INDUCTION_LAYER + 1}, "
+                 f"found {args.stage1_layers}")
     if args.card_only:
         write_card(args.out, json.loads((args.out / "train_log.json").read_text()))
         return 0
