@@ -92,6 +92,29 @@ def agent_stream(tok, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndar
     return np.concatenate(parts), np.asarray(starts), np.concatenate(own)
 
 
+def copy_weights(stream: np.ndarray, conv_starts: np.ndarray, assistant: np.ndarray, weight: float,
+                 common: int = 200) -> np.ndarray:
+    """Per-token loss weights: ``weight`` for the assistant's tokens that copy a rare token from
+    earlier in the same conversation (a name, a number, a file: what a request or a tool result
+    gave), 1 for the assistant's other tokens, 0 elsewhere. Those tokens are a few percent of the
+    assistant's and every answer hinges on them; the ``common`` most frequent assistant tokens (the
+    markup, the phrasing) never count as copies."""
+    counts = np.bincount(stream[assistant], minlength=int(stream.max()) + 1)
+    frequent = set(np.argsort(counts)[-common:].tolist())
+    w = assistant.astype(np.float32)
+    ends = np.append(conv_starts[1:], len(stream))
+    for a, b in zip(conv_starts, ends):
+        seen: set[int] = set()
+        for i in range(a, b):
+            t = int(stream[i])
+            if assistant[i]:
+                if t in seen and t not in frequent:
+                    w[i] = weight
+            else:
+                seen.add(t)
+    return w
+
+
 def build_drafter_data(args, log, model, tok, prefixes: list[str], layer_ids):
     """The target's greedy continuations of assistant-turn prompts, cut to a few fixed lengths
     (their last P tokens) so a batch stacks, with the captured states."""
@@ -199,6 +222,10 @@ def main(argv=None) -> int:
                     help="share of the agent stages' training windows that are copy examples")
     ap.add_argument("--induction-init", action="store_true",
                     help="start stage 1 from a target with an induction circuit written in (induction_init.py)")
+    ap.add_argument("--answers", choices=at.ANSWER_STYLES, default="plain",
+                    help="answer style of the training conversations (agent_tasks.py): plain, or quoted from the tool results")
+    ap.add_argument("--copy-weight", type=float, default=1.0,
+                    help="loss weight of the assistant's tokens copied from earlier in the conversation (copy_weights)")
     ap.add_argument("--isolate-spaces", action="store_true",
                     help="a tokenizer whose spaces are tokens of their own (a word is the same tokens wherever it is)")
     ap.add_argument("--stage1-layers", type=int, default=8)
@@ -256,10 +283,10 @@ def main(argv=None) -> int:
     template_text = TEMPLATE_FILE.read_text()
     template = ChatTemplate(template_text, TEMPLATE_FILE)
     t0 = time.time()
-    convs = at.conversations(args.conversations, args.seed)
+    convs = at.conversations(args.conversations, args.seed, answers=args.answers)
     texts = [render(template, m, "reasoning_content" in m[1]) for m, _ in convs]
     log.info(f"{len(texts)} training conversations rendered in {time.time() - t0:.0f} s")
-    held = at.conversations(60, args.seed + 99, held_out=True)
+    held = at.conversations(60, args.seed + 99, held_out=True, answers=args.answers)
 
     code_files = dp.training_files()
     if not args.reuse_target:
@@ -269,6 +296,7 @@ def main(argv=None) -> int:
     for i, s in LAGUNA_SPECIALS.items():
         assert tok.convert_tokens_to_ids(s) == i, (s, i)
     stream, conv_starts, assistant = agent_stream(tok, texts)
+    agent_starts = conv_starts.copy()
     code = []
     for p in code_files:
         code += tok(dp.read(p), add_special_tokens=False)["input_ids"] + [tt.EOS_TOKEN_ID]
@@ -286,7 +314,13 @@ def main(argv=None) -> int:
     copy_starts = copy_starts[copy_starts < len(copy_ids) - args.seq - 1]
     copy_starts = len(stream) + len(code) + rng.choice(copy_starts, n_copy) if n_copy else copy_starts
     joined = np.concatenate([stream, code, copy_ids])
-    trained = np.concatenate([assistant, np.ones(len(code), dtype=bool), copy_mask])
+    if args.copy_weight != 1.0:
+        weights = copy_weights(stream, agent_starts, assistant, args.copy_weight)
+        log.info(f"copy weights: {int((weights == args.copy_weight).sum()):,} of {int(assistant.sum()):,} assistant tokens "
+                 f"weighted {args.copy_weight:g}")
+        trained = np.concatenate([weights, np.ones(len(code), np.float32), copy_mask.astype(np.float32)])
+    else:
+        trained = np.concatenate([assistant, np.ones(len(code), dtype=bool), copy_mask])
     starts = np.concatenate([conv_starts, mid_starts, code_starts, copy_starts])
     held_stream, _, _ = agent_stream(tok, [render(template, m, "reasoning_content" in m[1]) for m, _ in held])
     log.record["corpus"] = {"conversations": len(texts), "agent_tokens": int(len(stream)), "code_tokens": int(len(code)),

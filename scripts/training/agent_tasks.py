@@ -13,6 +13,12 @@ steps), a missing module (a tool error handled), a greeting (no tool), and repea
 (no tool: copying, which the others rely on). Subjects come from
 the training modules; held-out tasks use the modules, packages and numbers the training never
 saw (``HELD_OUT`` of the demo pair, ``HELD_OUT_PACKAGES``).
+
+Answers come in two styles with the same facts: ``"plain"`` (the shipped pair's: "`f` is defined
+in `a.py` at line 12", "2 * 3 = 6") and ``"quoted"``, where every fact in an answer is a verbatim
+run of a tool result ("`f` is defined at `a.py:12`", "It prints 6.", the docstring's source line,
+the listing as listed), so a model finds a fact by pointing at where it starts in the result and
+copies the rest token by token, instead of composing it.
 """
 
 from __future__ import annotations
@@ -108,7 +114,14 @@ def _first_lines(result: str) -> tuple[str, int]:
     return where[0], int(where[1])
 
 
-def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | None = None) -> Task:
+ANSWER_STYLES = ("plain", "quoted")
+
+
+def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | None = None,
+              answers: str = "plain") -> Task:
+    if answers not in ANSWER_STYLES:
+        raise ValueError(f"answer style {answers!r}: expected one of {ANSWER_STYLES}")
+    quoted = answers == "quoted"
     family = family or _pick(rng, ["find_def", "find_def", "module_doc", "list_pkg", "evaluate", "evaluate",
                                    "two_exprs", "def_lines", "def_lines", "missing", "hello", "repeat", "repeat"])
     if family == "find_def":
@@ -118,18 +131,22 @@ def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | 
         calls = [("grep", {"text": f"def {name}(", "path": "."})]
         return Task(family, user, [
             Step(f"To find where `{name}` is defined I will search the sources for `def {name}(`.", calls),
-            Step(f"The search found one definition, in `{file}` at line {line}.",
-                 content=f"`{name}` is defined in `{file}` at line {line}.")],
+            Step(f"The search found one definition, at `{file}:{line}`." if quoted else
+                 f"The search found one definition, in `{file}` at line {line}.",
+                 content=f"`{name}` is defined at `{file}:{line}`." if quoted else
+                 f"`{name}` is defined in `{file}` at line {line}.")],
             [file, str(line)], ("grep", "text", f"def {name}("))
     if family == "module_doc":
         mod, doc = _pick(rng, subj.docs)
         user = _pick(rng, [f"What is the module `{mod}` for?", f"What does `{mod}` do?",
                            f"Summarise the `{mod}` module in one line."])
         calls = [("read_file", {"path": f"{mod}.py", "start": 1, "lines": 5})]
+        source_line = ws.call("read_file", {"path": f"{mod}.py", "start": 1, "lines": 1}).split(": ", 1)[1]
         return Task(family, user, [
             Step(f"The first lines of `{mod}.py` hold its docstring, which says what it is for.", calls),
             Step("The docstring's first line answers the question.",
-                 content=f"According to its docstring, `{mod}` is: {doc}")],
+                 content=f"Its docstring begins: {source_line}" if quoted else
+                 f"According to its docstring, `{mod}` is: {doc}")],
             [doc[:24]], ("read_file", "path", f"{mod}.py"))
     if family == "list_pkg":
         pkg = _pick(rng, subj.packages)
@@ -140,7 +157,9 @@ def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | 
         return Task(family, user, [
             Step(f"Listing the directory `{pkg}` shows its files.", calls),
             Step(f"The listing has {len(shown)} entries.",
-                 content=f"The `{pkg}` package contains: " + ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "."))],
+                 content="The package contains:\n" + "\n".join(shown[:8]) + ("\n..." if len(shown) > 8 else "")
+                 if quoted else
+                 f"The `{pkg}` package contains: " + ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "."))],
             shown[:2], ("list_dir", "path", pkg))
     if family == "evaluate":
         expr = _expression(rng, held_out)
@@ -148,7 +167,7 @@ def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | 
         user = _pick(rng, [f"What is {expr}?", f"Compute {expr}.", f"Evaluate `{expr}` in Python."])
         return Task(family, user, [
             Step(f"I will run `print({expr})` in Python to get the exact value.", [("run_python", {"code": f"print({expr})"})]),
-            Step(f"Python printed {value}.", content=f"{expr} = {value}")],
+            Step(f"Python printed {value}.", content=f"It prints {value}." if quoted else f"{expr} = {value}")],
             [value], ("run_python", "code", f"print({expr})"))
     if family == "two_exprs":
         e1, e2 = _expression(rng, held_out), _expression(rng, held_out)
@@ -157,7 +176,8 @@ def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | 
         return Task(family, user, [
             Step("Two independent values: I will run both in Python at once.",
                  [("run_python", {"code": f"print({e1})"}), ("run_python", {"code": f"print({e2})"})]),
-            Step(f"The results are {v1} and {v2}.", content=f"{e1} = {v1} and {e2} = {v2}.")],
+            Step(f"The results are {v1} and {v2}.",
+                 content=f"They print {v1} and {v2}." if quoted else f"{e1} = {v1} and {e2} = {v2}.")],
             [v1, v2], ("run_python", "code", f"print({e1})"))
     if family == "def_lines":
         name, file, line = _pick(rng, subj.functions)
@@ -169,7 +189,8 @@ def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | 
             Step(f"It is in `{file}` at line {line}; I will read the lines from there.",
                  [("read_file", {"path": file, "start": line, "lines": 4})]),
             Step("These are the first lines of the function.",
-                 content=f"`{name}` starts at line {line} of `{file}`:\n\n" +
+                 content=f"In `{file}`:\n{first}" if quoted else
+                 f"`{name}` starts at line {line} of `{file}`:\n\n" +
                  "\n".join(l.split(": ", 1)[1] if ": " in l else "" for l in first.splitlines()))],
             [file, f"def {name}("], ("grep", "text", f"def {name}("))
     if family == "missing":
@@ -221,8 +242,8 @@ def messages_for(ws: Workspace, tasks: list[Task], thinking: bool) -> list[dict]
     return msgs
 
 
-def conversations(n: int, seed: int, held_out: bool = False, root: Path | None = None):
-    """``n`` (messages, thinking) pairs: one to three tasks each, thinking on for half."""
+def conversations(n: int, seed: int, held_out: bool = False, root: Path | None = None, answers: str = "plain"):
+    """``n`` (messages, tasks) pairs: one to three tasks each, thinking on for half."""
     root = root or stdlib_dir()
     ws = Workspace(root)
     subj = subjects(root, held_out)
@@ -230,12 +251,12 @@ def conversations(n: int, seed: int, held_out: bool = False, root: Path | None =
     out = []
     for _ in range(n):
         k = int(rng.choice([1, 1, 1, 2, 2, 3]))
-        tasks = [make_task(ws, subj, rng, held_out) for _ in range(k)]
+        tasks = [make_task(ws, subj, rng, held_out, answers=answers) for _ in range(k)]
         out.append((messages_for(ws, tasks, thinking=bool(rng.integers(2))), tasks))
     return out
 
 
-def held_out_tasks(n: int = 10, seed: int = 1234, root: Path | None = None) -> list[Task]:
+def held_out_tasks(n: int = 10, seed: int = 1234, root: Path | None = None, answers: str = "plain") -> list[Task]:
     """The evaluation tasks: held-out subjects, one of each family in turn."""
     root = root or stdlib_dir()
     ws = Workspace(root)
@@ -243,7 +264,7 @@ def held_out_tasks(n: int = 10, seed: int = 1234, root: Path | None = None) -> l
     rng = np.random.default_rng(seed)
     families = ["find_def", "module_doc", "list_pkg", "evaluate", "two_exprs", "def_lines", "missing", "find_def",
                 "evaluate", "module_doc"]
-    return [make_task(ws, subj, rng, True, families[i % len(families)]) for i in range(n)]
+    return [make_task(ws, subj, rng, True, families[i % len(families)], answers) for i in range(n)]
 
 
 def _calls(transcript: list[dict]) -> tuple[list[dict], str | None]:

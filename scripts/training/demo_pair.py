@@ -260,8 +260,13 @@ def grow_depth(small, n_layer: int, seed: int, config_for=None):
 def train_lm(args, log: Log, model, stream: np.ndarray, steps: int, lr: float, batch: int, seq: int,
              seed: int, phase: str, starts: np.ndarray | None = None, trained: np.ndarray | None = None):
     """Next-token training on windows of ``stream``: random ones, or ones beginning at ``starts``;
-    with ``trained`` (a bool per stream token), only those tokens are predicted (the loss)."""
+    with ``trained`` (a bool per stream token), only those tokens are predicted (the loss); with a
+    float per token instead, each token's loss counts that much (0: not predicted). The logged loss
+    is the plain mean over the predicted tokens either way."""
     import torch
+    import torch.nn.functional as F
+
+    weighted = trained is not None and trained.dtype != bool
 
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8, fused=True)
     rng = np.random.default_rng(seed)
@@ -275,17 +280,25 @@ def train_lm(args, log: Log, model, stream: np.ndarray, steps: int, lr: float, b
             picked = rng.integers(0, len(stream) - seq - 1, batch) if starts is None else rng.choice(starts, batch)
             x = torch.from_numpy(np.stack([stream[s:s + seq] for s in picked]).astype(np.int64))
             labels = x
-            if trained is not None:
+            if trained is not None and not weighted:
                 keep = torch.from_numpy(np.stack([trained[s:s + seq] for s in picked]))
                 labels = x.masked_fill(~keep, -100)
             for g in opt.param_groups:
                 g["lr"] = lr_at(step, steps, lr, warmup)
-            out = model(input_ids=x, labels=labels, output_router_logits=True)
-            out.loss.backward()
+            if weighted:
+                out = model(input_ids=x, output_router_logits=True)
+                w = torch.from_numpy(np.stack([trained[s + 1:s + seq] for s in picked]).astype(np.float32))
+                nll = F.cross_entropy(out.logits[:, :-1].flatten(0, 1), x[:, 1:].flatten(), reduction="none").view_as(w)
+                loss = (nll * w).sum() / w.sum().clamp(min=1e-6) + coef * out.aux_loss
+                loss.backward()
+                lm = (nll.detach() * (w > 0)).sum().item() / max(1, int((w > 0).sum()))
+            else:
+                out = model(input_ids=x, labels=labels, output_router_logits=True)
+                out.loss.backward()
+                lm = out.loss.item() - coef * out.aux_loss.item()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            lm = out.loss.item() - coef * out.aux_loss.item()
             losses.append(lm)
             prog.update(task, advance=1, info=f"loss {lm:.3f} (avg20 {np.mean(losses[-20:]):.3f})")
             if step % 20 == 0 or step == steps - 1:

@@ -1,0 +1,79 @@
+"""The agent pair's training data (scripts/training/agent_tasks.py, agent_pair.copy_weights) and
+the weighted loss of demo_pair.train_lm: the quoted answers keep the tasks and their facts and
+take every fact verbatim from a tool result; copy weights fall on the assistant's copied names and
+numbers only; a weight per token trains exactly like the mask it replaces."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from training import agent_pair, agent_tasks, demo_pair  # noqa: E402
+
+FAMILIES_WITH_TOOLS = ("find_def", "module_doc", "list_pkg", "evaluate", "two_exprs", "def_lines")
+
+
+@pytest.fixture(scope="module")
+def workspace():
+    return agent_tasks.Workspace(demo_pair.stdlib_dir())
+
+
+@pytest.mark.parametrize("held_out", [False, True], ids=["training", "held-out"])
+def test_quoted_answers_take_every_fact_verbatim_from_a_tool_result(workspace, held_out):
+    subj = agent_tasks.subjects(workspace.root, held_out)
+    for family in FAMILIES_WITH_TOOLS:
+        for seed in range(8):
+            task = agent_tasks.make_task(workspace, subj, np.random.default_rng(seed), held_out, family, "quoted")
+            results = [m["content"] for m in agent_tasks.messages_for(workspace, [task], thinking=False)
+                       if m["role"] == "tool"]
+            answer = task.steps[-1].content
+            for fact in task.facts:
+                assert fact in answer, (family, fact, answer)
+                assert any(fact in r for r in results), (family, fact, results)
+
+
+def test_the_answer_style_changes_the_answers_and_nothing_else():
+    plain, quoted = agent_tasks.held_out_tasks(10), agent_tasks.held_out_tasks(10, answers="quoted")
+    assert [(t.family, t.user, t.facts, t.first_call, [s.calls for s in t.steps]) for t in plain] == \
+        [(t.family, t.user, t.facts, t.first_call, [s.calls for s in t.steps]) for t in quoted]
+    changed = [p.family for p, q in zip(plain, quoted) if p.steps[-1].content != q.steps[-1].content]
+    assert set(changed) == set(FAMILIES_WITH_TOOLS)
+    with pytest.raises(ValueError, match="answer style 'fancy'"):
+        agent_tasks.held_out_tasks(1, answers="fancy")
+
+
+def test_copy_weights_fall_on_rare_tokens_the_assistant_copies_from_its_own_conversation():
+    # two conversations; True marks the assistant's tokens; token 7 is the markup (frequent)
+    stream = np.array([50, 51, 7, 50, 7, 52, 7,    # conv 1: copies 50; 52 is new; 7 is frequent
+                       60, 7, 51, 60, 7])         # conv 2: 51 was only seen in conv 1; copies 60
+    assistant = np.array([0, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1], dtype=bool)
+    w = agent_pair.copy_weights(stream, np.array([0, 7]), assistant, 4.0, common=1)
+    assert w.tolist() == [0, 0, 1, 4, 1, 1, 1, 0, 1, 1, 4, 1]
+
+
+def _train(trained, steps=3):
+    import torch
+    from transformers import LagunaConfig, LagunaForCausalLM
+
+    torch.manual_seed(0)
+    model = LagunaForCausalLM(LagunaConfig(**{**agent_pair.target_config(2), "hidden_size": 32,
+                                              "intermediate_size": 64, "vocab_size": 64})).float()
+    stream = np.random.default_rng(0).integers(0, 64, 400).astype(np.int32)
+    log = demo_pair.Log(Path("/dev/null"))
+    return demo_pair.train_lm(None, log, model, stream, steps, 1e-2, 2, 32, 0, "test", trained=trained)
+
+
+def test_a_weight_per_token_trains_like_the_mask_it_replaces_and_a_copy_weight_changes_it():
+    pytest.importorskip("torch")
+    mask = np.random.default_rng(1).random(400) < 0.5
+    by_mask = _train(mask)
+    by_weight = _train(mask.astype(np.float32))
+    np.testing.assert_allclose(by_weight, by_mask, rtol=1e-4)
+    heavier = mask.astype(np.float32) * np.where(np.arange(400) % 3 == 0, 4.0, 1.0)
+    reweighted = _train(heavier)
+    assert reweighted[0] == pytest.approx(by_mask[0], rel=1e-4)  # the logged loss is the plain mean
+    assert not np.allclose(reweighted[1:], by_mask[1:], rtol=1e-3)  # the gradient is not
