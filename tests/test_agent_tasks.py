@@ -77,3 +77,16 @@ def test_a_weight_per_token_trains_like_the_mask_it_replaces_and_a_copy_weight_c
     reweighted = _train(heavier)
     assert reweighted[0] == pytest.approx(by_mask[0], rel=1e-4)  # the logged loss is the plain mean
     assert not np.allclose(reweighted[1:], by_mask[1:], rtol=1e-3)  # the gradient is not
+
+
+def test_the_card_reports_the_measured_held_out_result_and_what_was_missed():
+    def mode(solved_families):
+        tasks = [{"family": f, "solved": f in solved_families, "why": "-", "well_formed": True,
+                  "first_call_right": True} for f in ("find_def", "evaluate", "list_pkg")]
+        return {"solved": sum(t["solved"] for t in tasks), "well_formed": 3, "first_call_right": 3, "tasks": tasks}
+
+    assert agent_pair.ability({}) == agent_pair.UNMEASURED_ABILITY
+    text = agent_pair.ability({"held_out_agent": {"thinking off": mode({"find_def"}),
+                                                  "thinking on": mode({"find_def", "evaluate"})}})
+    assert "solves **1 of 10 with thinking off and 2 of 10 with thinking on**" in text
+    assert "Tasks missed in either mode: evaluate, list_pkg" in text

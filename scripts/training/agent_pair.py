@@ -170,11 +170,7 @@ assistant turns): **{acc:.2f} accepted per round**, by depth {by_depth}.
 
 ## What it can and cannot do
 
-On the 10 held-out tasks (`make demo-agent`, `docs/agent.md`) it calls the right tool with
-well-formed calls and ends with an answer every time, but it does not copy names and numbers from
-the request into the arguments (asked where `yiq_to_rgb` is defined, it greps for a name of its
-own), so it solves none of them: copying did not emerge within this CPU training budget. It is a
-pair for the chat format, tool-call plumbing and speculation on agent traffic, not an agent.
+{ability}
 
 ## Reproduce
 
@@ -184,6 +180,32 @@ pair for the chat format, tool-call plumbing and speculation on agent traffic, n
 
 {wall_min:.0f} minutes on {machine} (torch {torch}); the log is `train_log.json`.
 """
+
+
+UNMEASURED_ABILITY = """\
+On the 10 held-out tasks (`make demo-agent`, `docs/agent.md`) it calls the right tool with
+well-formed calls and ends with an answer every time, but it does not copy names and numbers from
+the request into the arguments (asked where `yiq_to_rgb` is defined, it greps for a name of its
+own), so it solves none of them: copying did not emerge within this CPU training budget. It is a
+pair for the chat format, tool-call plumbing and speculation on agent traffic, not an agent."""
+
+
+def ability(record: dict) -> str:
+    """The card's account of the held-out tasks: measured (``--evaluate``) where the record has it."""
+    held = record.get("held_out_agent")
+    if not held:
+        return UNMEASURED_ABILITY
+    off, on = held["thinking off"], held["thinking on"]
+    missed = sorted({v["family"] for mode in (off, on) for v in mode["tasks"] if not v["solved"]})
+    return (f"On the 10 held-out tasks (subjects never seen in training; `python scripts/train_agent_pair.py "
+            f"--evaluate`: `laguna-run serve` on the target, `examples/agent.py`'s loop, the tools run for real, "
+            f"greedy) it solves **{off['solved']} of 10 with thinking off and {on['solved']} of 10 with thinking on**; "
+            f"the first call's arguments are the request's own in {off['first_call_right']} and "
+            f"{on['first_call_right']}, every call well-formed with an answer in {off['well_formed']} and "
+            f"{on['well_formed']}. " + (f"Tasks missed in either mode: {', '.join(missed)} (`train_log.json` "
+                                        "says why, task by task). " if missed else "") +
+            "It knows these task shapes over the standard library and nothing else: a pair for the chat "
+            "format, tool calls and speculation on agent traffic, not a general agent.")
 
 
 def write_card(out: Path, record: dict) -> None:
@@ -196,13 +218,19 @@ def write_card(out: Path, record: dict) -> None:
                      f"{copying['initial']} before training, {copying['stage1']} after stage 1, {copying['stage2']} at the end)")
     if record["args"].get("copy_share"):
         copy_windows = f", {record['args']['copy_share']:.0%} of them requests to repeat random phrases"
+    if record["args"].get("answers", "plain") != "plain":
+        copy_windows += (", answers in the quoted style (every fact copied verbatim from a tool result, "
+                         "`agent_tasks.py`)")
+    if record["args"].get("copy_weight", 1.0) != 1.0:
+        copy_windows += (f", the loss of the assistant's tokens that copy a name or number from earlier in "
+                         f"the conversation weighted {record['args']['copy_weight']:g}")
     out.joinpath("README.md").write_text(CARD.format(
         python=record["python"], n_families=10, gguf=TARGET_GGUF, params=t["parameters"] / 1e6, ddir=DRAFTER_DIR,
         ids=list(dp.DRAFTER_KW["target_layer_ids"]), vocab=dp.VOCAB, conversations=c["conversations"],
         agent_tokens=c["agent_tokens"], code_share=c["code_windows_share"], code_tokens=c["code_tokens"],
         n_held=len(dp.HELD_OUT), n_pkgs=len(at.HELD_OUT_PACKAGES), s1=t["stage1_steps"], s2=t["stage2_steps"],
         seq=record["args"]["seq"], batch=record["args"]["batch"], heldout=t["heldout_loss"],
-        induction=induction, copy_windows=copy_windows,
+        induction=induction, copy_windows=copy_windows, ability=ability(record),
         dseqs=record["args"]["drafter_seqs"], dsteps=d["steps"], est_prompts=est["prompts"],
         acc=est["mean_accepted_per_round"], by_depth=est["accepted_at_depth"], command=record["command"],
         wall_min=record["wall_seconds"] / 60, machine=record["machine"], torch=record["torch"]))
@@ -250,13 +278,22 @@ def main(argv=None) -> int:
     ap.add_argument("--n-predict", type=int, default=64, help="tokens per held-out prompt in the estimate")
     ap.add_argument("--reuse-target", action="store_true", help="load the target trained by an earlier run from --work")
     ap.add_argument("--card-only", action="store_true", help="rewrite README.md from train_log.json and stop")
+    ap.add_argument("--evaluate", action="store_true",
+                    help="score the target in --out on the held-out tasks (agent_eval.py: laguna-run serve and the "
+                         "example agent, thinking off and on), record it in train_log.json and the card, and stop")
     args = ap.parse_args(argv)
     if args.induction_init and args.stage1_layers <= induction_init.INDUCTION_LAYER:
         ap.error(f"--induction-init: the circuit's heads sit in layers {induction_init.PREV_LAYER} and "
                  f"{induction_init.INDUCTION_LAYER}; expected --stage1-layers of at least {induction_init.INDUCTION_LAYER + 1}, "
                  f"found {args.stage1_layers}")
-    if args.card_only:
-        write_card(args.out, json.loads((args.out / "train_log.json").read_text()))
+    if args.card_only or args.evaluate:
+        record = json.loads((args.out / "train_log.json").read_text())
+        if args.evaluate:
+            from . import agent_eval
+
+            record["held_out_agent"] = agent_eval.evaluate(args.out / TARGET_GGUF)
+            (args.out / "train_log.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_card(args.out, record)
         return 0
 
     import torch
