@@ -96,7 +96,7 @@ def copy_weights(stream: np.ndarray, conv_starts: np.ndarray, assistant: np.ndar
                  common: int = 200) -> np.ndarray:
     """Per-token loss weights: ``weight`` for the assistant's tokens that copy a rare token from
     earlier in the same conversation (a name, a number, a file: what a request or a tool result
-    gave), 1 for the assistant's other tokens, 0 elsewhere. Those tokens are a few percent of the
+    gave), 1 for the assistant's other tokens, 0 elsewhere. Those tokens are under a tenth of the
     assistant's and every answer hinges on them; the ``common`` most frequent assistant tokens (the
     markup, the phrasing) never count as copies."""
     counts = np.bincount(stream[assistant], minlength=int(stream.max()) + 1)
@@ -286,7 +286,12 @@ def main(argv=None) -> int:
         ap.error(f"--induction-init: the circuit's heads sit in layers {induction_init.PREV_LAYER} and "
                  f"{induction_init.INDUCTION_LAYER}; expected --stage1-layers of at least {induction_init.INDUCTION_LAYER + 1}, "
                  f"found {args.stage1_layers}")
+    if args.copy_weight <= 0:
+        ap.error(f"--copy-weight: expected a weight above 0, found {args.copy_weight:g}")
     if args.card_only or args.evaluate:
+        needed = [args.out / "train_log.json"] + ([args.out / TARGET_GGUF] if args.evaluate else [])
+        if missing := [str(f) for f in needed if not f.is_file()]:
+            ap.error(f"--out: expected a trained pair's {' and '.join(missing)} (train it first)")
         record = json.loads((args.out / "train_log.json").read_text())
         if args.evaluate:
             from . import agent_eval
