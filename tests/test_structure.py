@@ -1,5 +1,6 @@
 """The package's shape: no import cycle among laguna_dflash's modules, one place that rewrites
-a Poolside-layout drafter, and laguna-run's command module split by command."""
+a Poolside-layout drafter, laguna-run's command module split by command, and patch headers that
+name only paths that exist."""
 
 from __future__ import annotations
 
@@ -124,3 +125,17 @@ def test_the_engine_asks_the_drafter_only_what_the_proposer_protocol_lists():
                     used.add(node.attr)
     assert used and used <= allowed, used - allowed
     assert all(callable(getattr(Drafter, n)) for n in allowed - {"spec"})
+
+
+def test_every_repository_path_a_patch_header_names_exists():
+    """A patch's header says why and how it was measured, naming the scripts and docs to rerun;
+    a script moved since must not leave the header pointing nowhere."""
+    import re
+
+    named = {}
+    for patch in sorted((REPO / "patches").glob("*.patch")):
+        header = patch.read_text(encoding="utf-8").split("\ndiff ", 1)[0]
+        for path in re.findall(r"\b(?:scripts|docs|tests|runtime|convert)/[\w./-]*\w", header):
+            named.setdefault(path, []).append(patch.name)
+    assert named, "no patch header names a repository path: the pattern is wrong"
+    assert [(p, by) for p, by in named.items() if not (REPO / p).exists()] == []
