@@ -90,3 +90,21 @@ def test_the_card_reports_the_measured_held_out_result_and_what_was_missed():
                                                   "thinking on": mode({"find_def", "evaluate"})}})
     assert "solves **1 of 10 with thinking off and 2 of 10 with thinking on**" in text
     assert "Tasks missed in either mode: evaluate, list_pkg" in text
+
+
+def test_first_call_right_wants_the_tasks_own_tool_and_argument():
+    task = next(t for t in agent_tasks.held_out_tasks(10) if t.family == "evaluate")
+    tool, arg, value = task.first_call
+
+    def said(name, arguments):
+        return [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}]}]
+
+    assert agent_tasks.first_call_right(task, said(tool, {arg: value}))
+    assert not agent_tasks.first_call_right(task, said(tool, {arg: value + " "}))
+    assert not agent_tasks.first_call_right(task, said("grep", {arg: value}))
+    assert not agent_tasks.first_call_right(task, said(tool, "[1, 2]"))  # JSON, not an object
+    assert not agent_tasks.first_call_right(task, [{"role": "assistant", "content": "no call"}])
+    hello = agent_tasks.make_task(agent_tasks.Workspace(demo_pair.stdlib_dir()), None, np.random.default_rng(0),
+                                  True, "hello")
+    assert agent_tasks.first_call_right(hello, [{"role": "assistant", "content": "Hello!"}])

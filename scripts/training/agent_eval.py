@@ -18,14 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples"))
 
 
-def _first_call_right(task: at.Task, transcript: list[dict]) -> bool:
-    calls = [c["function"] for m in transcript if m.get("role") == "assistant" for c in (m.get("tool_calls") or [])]
-    if task.first_call is None:
-        return not calls
-    tool, arg, value = task.first_call
-    return bool(calls) and calls[0]["name"] == tool and (at.parse_arguments(calls[0]["arguments"]) or {}).get(arg) == value
-
-
 def evaluate(gguf: Path, log=print, server_timeout: float = 300.0) -> dict:
     """{"thinking off": {...}, "thinking on": {...}}: solved, well-formed and first calls right of
     the 10 held-out tasks, and each task's verdict."""
@@ -58,7 +50,7 @@ def evaluate(gguf: Path, log=print, server_timeout: float = 300.0) -> dict:
                     solved, why = at.score(task, transcript)
                     verdicts.append({"family": task.family, "solved": solved, "why": why,
                                      "well_formed": at.well_formed(task, transcript)[0],
-                                     "first_call_right": _first_call_right(task, transcript)})
+                                     "first_call_right": at.first_call_right(task, transcript)})
                     log(f"held out, thinking {'on' if thinking else 'off'}: {task.family}: {why}")
                 result[f"thinking {'on' if thinking else 'off'}"] = {
                     key: sum(v[key] for v in verdicts) for key in ("solved", "well_formed", "first_call_right")

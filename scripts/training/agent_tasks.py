@@ -298,6 +298,18 @@ def well_formed(task: Task, transcript: list[dict]) -> tuple[bool, str]:
     return True, "well-formed"
 
 
+def first_call_right(task: Task, transcript: list[dict]) -> bool:
+    """The first tool call is the task's own (tool and argument), or there is none where none is needed."""
+    calls, _ = _calls(transcript)
+    if task.first_call is None:
+        return not calls
+    if not calls:
+        return False
+    tool, arg, value = task.first_call
+    arguments = parse_arguments(calls[0]["function"]["arguments"])
+    return calls[0]["function"]["name"] == tool and isinstance(arguments, dict) and arguments.get(arg) == value
+
+
 def score(task: Task, transcript: list[dict]) -> tuple[bool, str]:
     """Did an agent's transcript (OpenAI messages after the user's) solve ``task``?
 
