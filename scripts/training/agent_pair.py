@@ -161,7 +161,7 @@ subjects of {n_held} stdlib modules and {n_pkgs} packages never seen in training
 ## Training
 
 Target: {s1} steps of an 8-layer model{induction}, grown to 24 layers (function-preserving, as for the code
-pair), {s2} more steps; windows of {seq} tokens, most starting at conversation starts{copy_windows}; batches of {batch}.
+pair), {s2} more steps; windows of {seq} tokens, most starting at conversation starts{data_notes}; batches of {batch}.
 Loss on the assistant's tokens only (conversation windows) and on every token of the code
 windows; on held-out conversations, every token counted (tool results and requests included,
 which it was not trained to predict): {heldout:.3f} nats/token. Drafter: the target's own greedy replies to
@@ -211,18 +211,18 @@ def ability(record: dict) -> str:
 def write_card(out: Path, record: dict) -> None:
     t, d, c, est = record["target"], record["drafter"], record["corpus"], record["acceptance"]
     copying = record.get("copy_accuracy", {})
-    induction = copy_windows = ""
+    induction = data_notes = ""
     if record["args"].get("induction_init"):
         induction = (" that starts with an induction circuit written into its weights\n"
                      "(`scripts/training/induction_init.py`; share of held-out repetition tokens copied "
                      f"{copying['initial']} before training, {copying['stage1']} after stage 1, {copying['stage2']} at the end)")
     if record["args"].get("copy_share"):
-        copy_windows = f", {record['args']['copy_share']:.0%} of them requests to repeat random phrases"
+        data_notes = f", {record['args']['copy_share']:.0%} of them requests to repeat random phrases"
     if record["args"].get("answers", "plain") != "plain":
-        copy_windows += (", answers in the quoted style (every fact copied verbatim from a tool result, "
+        data_notes += (", answers in the quoted style (every fact copied verbatim from a tool result, "
                          "`agent_tasks.py`)")
     if record["args"].get("copy_weight", 1.0) != 1.0:
-        copy_windows += (f", the loss of the assistant's tokens that copy a name or number from earlier in "
+        data_notes += (f", the loss of the assistant's tokens that copy a name or number from earlier in "
                          f"the conversation weighted {record['args']['copy_weight']:g}")
     out.joinpath("README.md").write_text(CARD.format(
         python=record["python"], n_families=10, gguf=TARGET_GGUF, params=t["parameters"] / 1e6, ddir=DRAFTER_DIR,
@@ -230,7 +230,7 @@ def write_card(out: Path, record: dict) -> None:
         agent_tokens=c["agent_tokens"], code_share=c["code_windows_share"], code_tokens=c["code_tokens"],
         n_held=len(dp.HELD_OUT), n_pkgs=len(at.HELD_OUT_PACKAGES), s1=t["stage1_steps"], s2=t["stage2_steps"],
         seq=record["args"]["seq"], batch=record["args"]["batch"], heldout=t["heldout_loss"],
-        induction=induction, copy_windows=copy_windows, ability=ability(record),
+        induction=induction, data_notes=data_notes, ability=ability(record),
         dseqs=record["args"]["drafter_seqs"], dsteps=d["steps"], est_prompts=est["prompts"],
         acc=est["mean_accepted_per_round"], by_depth=est["accepted_at_depth"], command=record["command"],
         wall_min=record["wall_seconds"] / 60, machine=record["machine"], torch=record["torch"]))
@@ -338,7 +338,12 @@ def main(argv=None) -> int:
     for i, s in LAGUNA_SPECIALS.items():
         assert tok.convert_tokens_to_ids(s) == i, (s, i)
     stream, conv_starts, assistant = agent_stream(tok, texts)
-    agent_starts = conv_starts.copy()
+    # what the loss asks of the conversation tokens: the assistant's, its copies weighted on request
+    own = assistant
+    if args.copy_weight != 1.0:
+        own = copy_weights(stream, conv_starts, assistant, args.copy_weight)
+        log.info(f"copy weights: {int((own == args.copy_weight).sum()):,} of {int(assistant.sum()):,} assistant tokens "
+                 f"weighted {args.copy_weight:g}")
     code = []
     for p in code_files:
         code += tok(dp.read(p), add_special_tokens=False)["input_ids"] + [tt.EOS_TOKEN_ID]
@@ -356,13 +361,7 @@ def main(argv=None) -> int:
     copy_starts = copy_starts[copy_starts < len(copy_ids) - args.seq - 1]
     copy_starts = len(stream) + len(code) + rng.choice(copy_starts, n_copy) if n_copy else copy_starts
     joined = np.concatenate([stream, code, copy_ids])
-    if args.copy_weight != 1.0:
-        weights = copy_weights(stream, agent_starts, assistant, args.copy_weight)
-        log.info(f"copy weights: {int((weights == args.copy_weight).sum()):,} of {int(assistant.sum()):,} assistant tokens "
-                 f"weighted {args.copy_weight:g}")
-        trained = np.concatenate([weights, np.ones(len(code), np.float32), copy_mask.astype(np.float32)])
-    else:
-        trained = np.concatenate([assistant, np.ones(len(code), dtype=bool), copy_mask])
+    trained = np.concatenate([own, np.ones(len(code), own.dtype), copy_mask.astype(own.dtype)])
     starts = np.concatenate([conv_starts, mid_starts, code_starts, copy_starts])
     held_stream, _, _ = agent_stream(tok, [render(template, m, "reasoning_content" in m[1]) for m, _ in held])
     log.record["corpus"] = {"conversations": len(texts), "agent_tokens": int(len(stream)), "code_tokens": int(len(code)),

@@ -141,12 +141,13 @@ def make_task(ws: Workspace, subj: Subjects, rng, held_out: bool, family: str | 
         user = _pick(rng, [f"What is the module `{mod}` for?", f"What does `{mod}` do?",
                            f"Summarise the `{mod}` module in one line."])
         calls = [("read_file", {"path": f"{mod}.py", "start": 1, "lines": 5})]
-        source_line = ws.call("read_file", {"path": f"{mod}.py", "start": 1, "lines": 1}).split(": ", 1)[1]
+        if quoted:  # the docstring's line as read_file shows it, after its line number
+            answer = "Its docstring begins: " + ws.call("read_file", {"path": f"{mod}.py", "start": 1, "lines": 1}).split(": ", 1)[1]
+        else:
+            answer = f"According to its docstring, `{mod}` is: {doc}"
         return Task(family, user, [
             Step(f"The first lines of `{mod}.py` hold its docstring, which says what it is for.", calls),
-            Step("The docstring's first line answers the question.",
-                 content=f"Its docstring begins: {source_line}" if quoted else
-                 f"According to its docstring, `{mod}` is: {doc}")],
+            Step("The docstring's first line answers the question.", content=answer)],
             [doc[:24]], ("read_file", "path", f"{mod}.py"))
     if family == "list_pkg":
         pkg = _pick(rng, subj.packages)
