@@ -296,7 +296,11 @@ def main(argv=None) -> int:
         if args.evaluate:
             from . import agent_eval
 
-            record["held_out_agent"] = agent_eval.evaluate(args.out / TARGET_GGUF)
+            try:
+                record["held_out_agent"] = agent_eval.evaluate(args.out / TARGET_GGUF)
+            except RuntimeError as e:  # the server did not start: its last words say why
+                last = [ln for ln in str(e).splitlines() if ln.strip()][-1:] or ["no output"]
+                ap.exit(2, f"{ap.prog}: --evaluate: laguna-run serve did not start on {args.out / TARGET_GGUF}: {last[0]}\n")
             (args.out / "train_log.json").write_text(json.dumps(record, indent=2) + "\n")
         write_card(args.out, record)
         return 0
