@@ -108,3 +108,10 @@ def test_first_call_right_wants_the_tasks_own_tool_and_argument():
     hello = agent_tasks.make_task(agent_tasks.Workspace(demo_pair.stdlib_dir()), None, np.random.default_rng(0),
                                   True, "hello")
     assert agent_tasks.first_call_right(hello, [{"role": "assistant", "content": "Hello!"}])
+
+
+def test_a_two_token_circuit_without_the_written_in_circuit_is_refused_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        agent_pair.main(["--induction-match", "2"])
+    assert exit_.value.code == 2
+    assert "--induction-match: only with --induction-init" in capsys.readouterr().err

@@ -8,6 +8,7 @@ predict. Prints the loss and the share of held-out repeat tokens predicted every
     python scripts/investigate/induction_plateau.py --layers 2 --steps 2000            # all word tokens: stays at chance
     python scripts/investigate/induction_plateau.py --layers 2 --steps 1000 --alphabet 64
     python scripts/investigate/induction_plateau.py --layers 8 --induction --steps 0   # the circuit written in, untrained
+    python scripts/investigate/induction_plateau.py --layers 8 --induction --match 2 --steps 0 --alphabet 64
     python scripts/investigate/induction_plateau.py --arch llama --layers 2 --steps 600 --alphabet 64
 
 The model is the agent pair's stage-1 target config at ``--layers`` depth (``--arch llama``: a
@@ -35,6 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--arch", choices=("laguna", "llama"), default="laguna")
     ap.add_argument("--induction", action="store_true", help="write the induction circuit in first (induction_init.py)")
+    ap.add_argument("--match", type=int, choices=induction_init.MATCHES, default=1,
+                    help="tokens of context the written-in circuit matches (with --induction)")
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--batch", type=int, default=16)
@@ -68,7 +71,7 @@ def main(argv=None) -> int:
         model = LagunaForCausalLM(LagunaConfig(**demo_pair.target_config(args.layers)))
     model = model.float()
     if args.induction:
-        induction_init.install(model, seed=0)
+        induction_init.install(model, seed=0, match=args.match)
     held_out = copy_curriculum.repeated_runs(word_ids, np.random.default_rng(99), 32, args.seq, alphabet)
     model.eval()
     print(f"before training: repeat accuracy {copy_curriculum.accuracy(model, *held_out):.3f}", flush=True)

@@ -213,7 +213,9 @@ def write_card(out: Path, record: dict) -> None:
     copying = record.get("copy_accuracy", {})
     induction = data_notes = ""
     if record["args"].get("induction_init"):
-        induction = (" that starts with an induction circuit written into its weights\n"
+        match = record["args"].get("induction_match", 1)
+        induction = (" that starts with an induction circuit written into its weights"
+                     + (f" matching the last {match} tokens" if match > 1 else "") + "\n"
                      "(`scripts/training/induction_init.py`; share of held-out repetition tokens copied "
                      f"{copying['initial']} before training, {copying['stage1']} after stage 1, {copying['stage2']} at the end)")
     if record["args"].get("copy_share"):
@@ -250,6 +252,8 @@ def main(argv=None) -> int:
                     help="share of the agent stages' training windows that are copy examples")
     ap.add_argument("--induction-init", action="store_true",
                     help="start stage 1 from a target with an induction circuit written in (induction_init.py)")
+    ap.add_argument("--induction-match", type=int, choices=induction_init.MATCHES, default=1,
+                    help="tokens of context the written-in circuit matches before it copies (with --induction-init)")
     ap.add_argument("--answers", choices=at.ANSWER_STYLES, default="plain",
                     help="answer style of the training conversations (agent_tasks.py): plain, or quoted from the tool results")
     ap.add_argument("--copy-weight", type=float, default=1.0,
@@ -286,6 +290,8 @@ def main(argv=None) -> int:
         ap.error(f"--induction-init: the circuit's heads sit in layers {induction_init.PREV_LAYER} and "
                  f"{induction_init.INDUCTION_LAYER}; expected --stage1-layers of at least {induction_init.INDUCTION_LAYER + 1}, "
                  f"found {args.stage1_layers}")
+    if args.induction_match != 1 and not args.induction_init:
+        ap.error("--induction-match: only with --induction-init (it shapes the written-in circuit)")
     if args.copy_weight <= 0:
         ap.error(f"--copy-weight: expected a weight above 0, found {args.copy_weight:g}")
     if args.card_only or args.evaluate:
@@ -386,7 +392,7 @@ def main(argv=None) -> int:
         copy_eval = cc.batch(tok, words, len(words), np.random.default_rng(args.seed + 8), 16, 128)
         copying = log.record.setdefault("copy_accuracy", {})
         if args.induction_init:
-            induction_init.install(small, args.seed)
+            induction_init.install(small, args.seed, args.induction_match)
             copying["initial"] = round(cc.accuracy(small, *copy_eval), 4)
             log.info(f"induction circuit written in: held-out copy accuracy {copying['initial']:.3f}")
         if args.copy_steps:

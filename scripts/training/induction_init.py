@@ -8,34 +8,37 @@ on 2 CPU cores it never formed: copy curricula and synthetic repeat tasks stayed
 thousands of steps (docs/agent.md). So the stage-1 target starts with the circuit written into
 its weights, and training starts from a model that can already copy.
 
-The residual stream (``hidden_size`` 128) is laid out at the start as
+The circuit matches the last ``match`` tokens of context (1 or 2). One token is ambiguous where
+the token recurs (``769129`` is ``76 9 12 9``: after the first ``9`` both ``12`` and the end
+follow a ``9``); two tokens tell the occurrences apart. The residual stream (``hidden_size``
+128) is laid out at the start as (:func:`layout`)
 
-* ``CONTENT`` (dims 0-59): the token's embedding, random;
-* ``PREVIOUS`` (dims 60-119): written by the previous-token heads of ``PREV_LAYER``;
-* ``CONSTANT`` (dim 120): the same value for every token: what the previous-token heads' queries
-  and keys read, so that their scores depend on position only.
+* ``content``: the token's embedding, random;
+* ``previous[k]`` for ``k`` = 1..match: the token ``k`` back, written by the previous-token heads
+  of ``PREV_LAYER``;
+* ``constant``: the same value for every token: what the previous-token heads' queries and keys
+  read, so that their scores depend on position only.
 
-``PREV_LAYER`` (a sliding layer, full rotary): one head per KV group whose query and key are the
-constant direction rotated so that RoPE's score peaks one position back; the pairs of rotary
-frequencies and their weights maximise the worst margin over the window (:func:`offset_weights`).
-Group 0 copies content dims 0-29, group 1 dims 30-59, into ``PREVIOUS``.
+``PREV_LAYER`` (a sliding layer, full rotary): per KV group, query head ``k - 1`` has its query and
+key on the constant direction, the query rotated so that RoPE's score peaks ``k`` positions back;
+the pairs of rotary frequencies and their weights maximise the worst margin over the window
+(:func:`offset_weights`). Group 0 moves the first half of the content dims, group 1 the second.
 
 ``INDUCTION_LAYER`` (a full-attention layer, half rotary): one head per KV group whose query is a
-random projection of the token's content into the 16 dims RoPE leaves unrotated and whose key is
-the same projection of the previous token's content, so the score is high where the earlier
-occurrence's previous token is this token, at any distance; its value is the content there,
-written back into ``CONTENT`` (scaled past the current token's own). The LM head reads
-``CONTENT``. Every other layer starts as the identity (output projections at zero), as new layers
-do in :func:`demo_pair.grow_depth`, and all of it is trained from there.
+random projection of this token's content (and, matching two, of the previous token) into the 16
+dims RoPE leaves unrotated, and whose key is the same projection of the token one back (and two
+back), so the score is high where an earlier position followed the same tokens, at any distance;
+its value is the content there, written back into ``content`` (scaled past the current token's
+own). The LM head reads ``content``. Every other layer starts as the identity (output projections
+at zero), as new layers do in :func:`demo_pair.grow_depth`, and all of it is trained from there.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-CONTENT = slice(0, 60)
-PREVIOUS = slice(60, 120)
-CONSTANT = 120
 PREV_LAYER = 1
 INDUCTION_LAYER = 4
 #: per-layer gain on the normalised queries and keys (score scale = gain**2 * sqrt(head_dim))
@@ -44,14 +47,37 @@ INDUCTION_GAIN = 3.0
 #: how much the copied content outweighs the current token's own in the LM head's input
 COPY_WEIGHT = 2.0
 LOGIT_SCALE = 0.15
+#: matching two tokens, the token before this one weighs this much in the induction query: an
+#: earlier position that follows both wins, one that follows only this token still beats one
+#: that follows only the token before
+EARLIER_WEIGHT = 0.5
+MATCHES = (1, 2)
 
 
-def offset_weights(theta: np.ndarray, window: int, iters: int = 20000) -> np.ndarray:
-    """Weights over RoPE frequency pairs (summing to one) whose score ``sum w cos(theta (d - 1))``
-    beats every other offset ``d`` in ``[0, window]`` by the largest worst-case margin
+@dataclass(frozen=True)
+class Layout:
+    """Where the circuit keeps what in the residual stream."""
+
+    content: slice
+    previous: tuple[slice, ...]  # previous[k - 1]: the token k back
+    constant: int
+
+
+def layout(match: int) -> Layout:
+    """Content and each previous token get equal even-sized blocks; the constant follows.
+
+    One token: content 0-59, previous 60-119, constant 120 (the layout run D was trained from)."""
+    width = 60 if match == 1 else 42
+    blocks = [slice(i * width, (i + 1) * width) for i in range(match + 1)]
+    return Layout(blocks[0], tuple(blocks[1:]), (match + 1) * width)
+
+
+def offset_weights(theta: np.ndarray, window: int, offset: int = 1, iters: int = 20000) -> np.ndarray:
+    """Weights over RoPE frequency pairs (summing to one) whose score ``sum w cos(theta (d - offset))``
+    beats every other distance ``d`` in ``[0, window]`` by the largest worst-case margin
     (multiplicative weights on the max-min problem)."""
-    offsets = np.array([d for d in range(window + 1) if d != 1])
-    loss = 1 - np.cos(np.outer(offsets - 1, theta))
+    others = np.array([d for d in range(window + 1) if d != offset])
+    loss = 1 - np.cos(np.outer(others - offset, theta))
     w = np.zeros(len(theta))
     w[:8] = 1 / 8
     for _ in range(iters):
@@ -81,23 +107,27 @@ def _blank_heads(cfg, layer, layer_type: str):
     return attn, per_group, rope["rope_theta"], int(cfg.head_dim * rope.get("partial_rotary_factor", 1.0))
 
 
-def install(model, seed: int = 0) -> None:
-    """Write the circuit into a freshly made stage-1 target (in place)."""
+def install(model, seed: int = 0, match: int = 1) -> None:
+    """Write the circuit, matching the last ``match`` tokens, into a freshly made stage-1 target
+    (in place)."""
     import torch
 
+    if match not in MATCHES:
+        raise ValueError(f"match: expected one of {MATCHES}, found {match}")
     cfg = model.config
     hd, d = cfg.head_dim, cfg.hidden_size
     n_kv = cfg.num_key_value_heads
+    lay = layout(match)
     assert cfg.layer_types[PREV_LAYER] == "sliding_attention" and cfg.layer_types[INDUCTION_LAYER] == "full_attention"
-    assert n_kv == 2 and hd == 32 and d >= CONSTANT + 1
-    n_content = CONTENT.stop - CONTENT.start
+    assert n_kv == 2 and hd == 32 and d >= lay.constant + 1
+    n_content = lay.content.stop - lay.content.start
     half = n_content // 2
     g = torch.Generator().manual_seed(seed)
     layers = model.model.layers
     with torch.no_grad():
         emb = torch.zeros(cfg.vocab_size, d)
-        emb[:, CONTENT] = torch.randn(cfg.vocab_size, n_content, generator=g)
-        emb[:, CONSTANT] = 1.0
+        emb[:, lay.content] = torch.randn(cfg.vocab_size, n_content, generator=g)
+        emb[:, lay.constant] = 1.0
         model.model.embed_tokens.weight.copy_(emb)
         for layer in layers:
             _zero_outputs(layer)
@@ -105,42 +135,50 @@ def install(model, seed: int = 0) -> None:
             layer.post_attention_layernorm.weight.fill_(1.0)
         model.model.norm.weight.fill_(1.0)
         head = torch.zeros(cfg.vocab_size, d)
-        head[:, CONTENT] = emb[:, CONTENT] * LOGIT_SCALE
+        head[:, lay.content] = emb[:, lay.content] * LOGIT_SCALE
         model.lm_head.weight.copy_(head)
 
-        # previous-token heads
+        # previous-token heads: query head k - 1 of each group looks k back
         attn, per_group, base, rot = _blank_heads(cfg, layers[PREV_LAYER], "sliding_attention")
+        assert per_group >= match
         theta = base ** (-np.arange(0, rot, 2) / rot)
-        w = offset_weights(theta, cfg.sliding_window)
         gate = float(torch.nn.functional.softplus(torch.zeros(())))
-        for grp in range(n_kv):
-            qh = grp * per_group
-            for f, wf in enumerate(w):
-                if wf < 1e-4:
-                    continue
-                a = float(np.sqrt(wf))
-                # RoPE pairs dim f with f + rot/2; a query rotated back by theta_f scores highest
-                # against the key one position earlier
-                attn.q_proj.weight[qh * hd + f, CONSTANT] = a * np.cos(theta[f])
-                attn.q_proj.weight[qh * hd + f + rot // 2, CONSTANT] = -a * np.sin(theta[f])
-                attn.k_proj.weight[grp * hd + f, CONSTANT] = a
-            src = range(CONTENT.start + grp * half, CONTENT.start + (grp + 1) * half)
-            for i, c in enumerate(src):
-                attn.v_proj.weight[grp * hd + i, c] = 1.0
-                attn.o_proj.weight[PREVIOUS.start + grp * half + i, qh * hd + i] = 1.0 / gate
+        # the heads read the normalised embedding; matching two tokens, what they write is scaled
+        # back to the embedding's own size so that the induction query weighs this token and the
+        # one before it as EARLIER_WEIGHT says (one token keeps run D's weights bit for bit)
+        rescale = 1.0 if match == 1 else float(np.sqrt((n_content + 1) / d))
+        for back in range(1, match + 1):
+            w = offset_weights(theta, cfg.sliding_window, back)
+            for grp in range(n_kv):
+                qh = grp * per_group + back - 1
+                for f, wf in enumerate(w):
+                    if wf < 1e-4:
+                        continue
+                    a = float(np.sqrt(wf))
+                    # RoPE pairs dim f with f + rot/2; a query rotated back by back * theta_f
+                    # scores highest against the key that many positions earlier
+                    attn.q_proj.weight[qh * hd + f, lay.constant] = a * np.cos(back * theta[f])
+                    attn.q_proj.weight[qh * hd + f + rot // 2, lay.constant] = -a * np.sin(back * theta[f])
+                    if back == 1:  # the keys are the group's, shared by its query heads
+                        attn.k_proj.weight[grp * hd + f, lay.constant] = a
+                for i in range(half):
+                    attn.v_proj.weight[grp * hd + i, lay.content.start + grp * half + i] = 1.0
+                    attn.o_proj.weight[lay.previous[back - 1].start + grp * half + i, qh * hd + i] = rescale / gate
         attn.q_norm.weight.fill_(PREV_GAIN)
         attn.k_norm.weight.fill_(PREV_GAIN)
 
-        # induction heads
+        # induction heads: this token (and the one before) against the key's one back (and two back)
         attn, per_group, _, rot = _blank_heads(cfg, layers[INDUCTION_LAYER], "full_attention")
         unrotated = range(rot, hd)
+        queried = (lay.content,) + lay.previous[:-1]
         for grp in range(n_kv):
             qh = grp * per_group
-            proj = torch.randn(len(unrotated), n_content, generator=g) / n_content ** 0.5
-            for i, dim in enumerate(unrotated):
-                attn.q_proj.weight[qh * hd + dim, CONTENT] = proj[i]
-                attn.k_proj.weight[grp * hd + dim, PREVIOUS] = proj[i]
-            dst = range(CONTENT.start + grp * half, CONTENT.start + (grp + 1) * half)
+            for back, (q_block, k_block) in enumerate(zip(queried, lay.previous)):
+                proj = torch.randn(len(unrotated), n_content, generator=g) / n_content ** 0.5 * EARLIER_WEIGHT ** back
+                for i, dim in enumerate(unrotated):
+                    attn.q_proj.weight[qh * hd + dim, q_block] = proj[i]
+                    attn.k_proj.weight[grp * hd + dim, k_block] = proj[i]
+            dst = range(lay.content.start + grp * half, lay.content.start + (grp + 1) * half)
             for i, c in enumerate(dst):
                 attn.v_proj.weight[grp * hd + i, c] = 1.0
                 attn.o_proj.weight[c, qh * hd + i] = COPY_WEIGHT / gate
