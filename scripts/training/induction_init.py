@@ -14,7 +14,7 @@ follow a ``9``); two tokens tell the occurrences apart. The residual stream (``h
 128) is laid out at the start as (:func:`layout`)
 
 * ``content``: the token's embedding, random;
-* ``previous[k]`` for ``k`` = 1..match: the token ``k`` back, written by the previous-token heads
+* ``previous``: one block per token back (1 up to ``match``), written by the previous-token heads
   of ``PREV_LAYER``;
 * ``constant``: the same value for every token: what the previous-token heads' queries and keys
   read, so that their scores depend on position only.
@@ -66,7 +66,8 @@ class Layout:
 def layout(match: int) -> Layout:
     """Content and each previous token get equal even-sized blocks; the constant follows.
 
-    One token: content 0-59, previous 60-119, constant 120 (the layout run D was trained from)."""
+    One token keeps the first layout (content 0-59, previous 60-119, constant 120), so the targets
+    trained from it are reproduced bit for bit."""
     width = 60 if match == 1 else 42
     blocks = [slice(i * width, (i + 1) * width) for i in range(match + 1)]
     return Layout(blocks[0], tuple(blocks[1:]), (match + 1) * width)
@@ -145,7 +146,7 @@ def install(model, seed: int = 0, match: int = 1) -> None:
         gate = float(torch.nn.functional.softplus(torch.zeros(())))
         # the heads read the normalised embedding; matching two tokens, what they write is scaled
         # back to the embedding's own size so that the induction query weighs this token and the
-        # one before it as EARLIER_WEIGHT says (one token keeps run D's weights bit for bit)
+        # one before it as EARLIER_WEIGHT says (one token keeps the first layout's weights)
         rescale = 1.0 if match == 1 else float(np.sqrt((n_content + 1) / d))
         for back in range(1, match + 1):
             w = offset_weights(theta, cfg.sliding_window, back)
