@@ -76,3 +76,18 @@ def test_the_previous_token_heads_score_their_offset_highest_across_the_window(o
     assert np.isclose(w.sum(), 1) and (w >= 0).all()
     assert score.argmax() == offset
     assert score[offset] - np.delete(score, offset).max() > 0.2
+
+
+def test_the_installed_previous_token_heads_write_the_tokens_one_and_two_back():
+    """The two-back query shares its group's keys (written at the one-back weights), so its score
+    is not offset_weights' own: what the installed heads write is checked here."""
+    model = stage1_target(True, 2)
+    x, _ = repeated_sequences()
+    with torch.no_grad():
+        hidden = model(input_ids=x[:2], output_hidden_states=True).hidden_states[induction_init.PREV_LAYER + 1]
+    lay = induction_init.layout(2)
+    content = hidden[:, :, lay.content]
+    for back, block in enumerate(lay.previous, start=1):
+        written = hidden[:, back:, block]
+        assert torch.nn.functional.cosine_similarity(written, content[:, :-back], dim=-1).min() > 0.99
+        assert torch.nn.functional.cosine_similarity(written, content[:, back:], dim=-1).abs().mean() < 0.2

@@ -148,8 +148,17 @@ def install(model, seed: int = 0, match: int = 1) -> None:
         # back to the embedding's own size so that the induction query weighs this token and the
         # one before it as EARLIER_WEIGHT says (one token keeps the first layout's weights)
         rescale = 1.0 if match == 1 else float(np.sqrt((n_content + 1) / d))
+        # the keys and values are each group's, shared by its query heads: the constant direction
+        # at the one-back weights, and the group's half of the content
+        one_back = offset_weights(theta, cfg.sliding_window, 1)
+        for grp in range(n_kv):
+            for f, wf in enumerate(one_back):
+                if wf >= 1e-4:
+                    attn.k_proj.weight[grp * hd + f, lay.constant] = float(np.sqrt(wf))
+            for i in range(half):
+                attn.v_proj.weight[grp * hd + i, lay.content.start + grp * half + i] = 1.0
         for back in range(1, match + 1):
-            w = offset_weights(theta, cfg.sliding_window, back)
+            w = one_back if back == 1 else offset_weights(theta, cfg.sliding_window, back)
             for grp in range(n_kv):
                 qh = grp * per_group + back - 1
                 for f, wf in enumerate(w):
@@ -157,13 +166,11 @@ def install(model, seed: int = 0, match: int = 1) -> None:
                         continue
                     a = float(np.sqrt(wf))
                     # RoPE pairs dim f with f + rot/2; a query rotated back by back * theta_f
-                    # scores highest against the key that many positions earlier
+                    # scores highest against the key that many positions earlier (two back, each
+                    # frequency weighs sqrt of both weights: the test checks the installed heads)
                     attn.q_proj.weight[qh * hd + f, lay.constant] = a * np.cos(back * theta[f])
                     attn.q_proj.weight[qh * hd + f + rot // 2, lay.constant] = -a * np.sin(back * theta[f])
-                    if back == 1:  # the keys are the group's, shared by its query heads
-                        attn.k_proj.weight[grp * hd + f, lay.constant] = a
                 for i in range(half):
-                    attn.v_proj.weight[grp * hd + i, lay.content.start + grp * half + i] = 1.0
                     attn.o_proj.weight[lay.previous[back - 1].start + grp * half + i, qh * hd + i] = rescale / gate
         attn.q_norm.weight.fill_(PREV_GAIN)
         attn.k_norm.weight.fill_(PREV_GAIN)
