@@ -174,11 +174,7 @@ assistant turns): **{acc:.2f} accepted per round**, by depth {by_depth}.
 
 ## Reproduce
 
-```bash
-{command}
-```
-
-{wall_min:.0f} minutes on {machine} (torch {torch}); the log is `train_log.json`.
+{command} on {machine} (torch {torch}); the log is `train_log.json`.
 """
 
 
@@ -234,8 +230,18 @@ def write_card(out: Path, record: dict) -> None:
         seq=record["args"]["seq"], batch=record["args"]["batch"], heldout=t["heldout_loss"],
         induction=induction, data_notes=data_notes, ability=ability(record),
         dseqs=record["args"]["drafter_seqs"], dsteps=d["steps"], est_prompts=est["prompts"],
-        acc=est["mean_accepted_per_round"], by_depth=est["accepted_at_depth"], command=record["command"],
-        wall_min=record["wall_seconds"] / 60, machine=record["machine"], torch=record["torch"]))
+        acc=est["mean_accepted_per_round"], by_depth=est["accepted_at_depth"], command=reproduce(record),
+        machine=record["machine"], torch=record["torch"]))
+
+
+def reproduce(record: dict) -> str:
+    """The card's commands and their wall time: one run, or the target's run and a drafter trained on
+    it later (``--reuse-target``)."""
+    if "target_command" not in record:
+        return f"```bash\n{record['command']}\n```\n\n{record['wall_seconds'] / 60:.0f} minutes"
+    return (f"```bash\n{record['target_command']}\n{record['command']}\n```\n\n"
+            f"{record['target_wall_seconds'] / 60:.0f} minutes for the first (target and a first drafter), "
+            f"{record['wall_seconds'] / 60:.0f} for the second (the drafter shipped)")
 
 
 def main(argv=None) -> int:
@@ -384,7 +390,14 @@ def main(argv=None) -> int:
     if args.reuse_target:
         target = LagunaForCausalLM.from_pretrained(hf_dir).float().eval()
         prev = json.loads((out / "train_log.json").read_text()) if (out / "train_log.json").exists() else {}
-        log.record["target"] = prev.get("target", {})
+        # the target is the earlier run's: so are its record, its held-out score and the command that trained it
+        log.record.update({k: prev[k] for k in ("target", "copy_accuracy", "target_seconds", "held_out_agent")
+                           if k in prev})
+        log.record.setdefault("target", {})
+        log.record["events"] = [e for e in prev.get("events", []) if e.get("phase") != "drafter"]  # its training curve
+        if "command" in prev:
+            log.record["target_command"] = prev.get("target_command", prev["command"])
+            log.record["target_wall_seconds"] = prev.get("target_wall_seconds", prev.get("wall_seconds", 0))
     else:
         torch.manual_seed(args.seed)
         small = LagunaForCausalLM(LagunaConfig(**target_config(args.stage1_layers))).float()
