@@ -5,6 +5,7 @@ numbers only; a weight per token trains exactly like the mask it replaces."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -115,3 +116,23 @@ def test_a_two_token_circuit_without_the_written_in_circuit_is_refused_with_one_
         agent_pair.main(["--induction-match", "2"])
     assert exit_.value.code == 2
     assert "--induction-match: only with --induction-init" in capsys.readouterr().err
+
+
+def test_the_card_reproduces_a_drafter_trained_later_with_both_commands(tmp_path):
+    """A pair whose drafter came from a later ``--reuse-target`` run: the card's Reproduce lists the
+    target's command first, then the drafter's, each with its own wall time; a pair from one run
+    lists one command."""
+    record = json.loads((agent_pair.DEFAULT_OUT / "train_log.json").read_text())
+    single = {k: v for k, v in record.items() if k not in ("target_command", "target_wall_seconds")}
+    one = agent_pair.reproduce(single | {"command": "python scripts/train_agent_pair.py --x", "wall_seconds": 600})
+    assert one == "```bash\npython scripts/train_agent_pair.py --x\n```\n\n10 minutes"
+    two = agent_pair.reproduce(record | {"target_command": "python scripts/train_agent_pair.py --t",
+                                         "target_wall_seconds": 5220, "command": "python scripts/train_agent_pair.py "
+                                         "--reuse-target --d", "wall_seconds": 1800})
+    block, times = two.split("\n```\n\n")
+    assert block.splitlines()[1:] == ["python scripts/train_agent_pair.py --t",
+                                      "python scripts/train_agent_pair.py --reuse-target --d"]
+    assert times.startswith("87 minutes for the first") and "30 for the second" in times
+    agent_pair.write_card(tmp_path, record | {"target_command": "python scripts/train_agent_pair.py --t",
+                                               "target_wall_seconds": 5220})
+    assert "python scripts/train_agent_pair.py --t\npython scripts/train_agent_pair.py" in (tmp_path / "README.md").read_text()
