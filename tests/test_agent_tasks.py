@@ -1,7 +1,8 @@
 """The agent pair's training data (scripts/training/agent_tasks.py, agent_pair.copy_weights) and
 the weighted loss of demo_pair.train_lm: the quoted answers keep the tasks and their facts and
 take every fact verbatim from a tool result; copy weights fall on the assistant's copied names and
-numbers only; a weight per token trains exactly like the mask it replaces."""
+numbers only; a weight per token trains exactly like the mask it replaces; the card names the
+commands that made the pair."""
 
 from __future__ import annotations
 
