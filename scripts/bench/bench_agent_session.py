@@ -37,6 +37,14 @@ from recorded import command_line  # noqa: E402
 SEGMENTS = ("reasoning", "tool call", "answer")
 
 
+def depth(value: str) -> int | str:
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected a depth >= 1 or auto, found {value!r}")
+    return int(value)
+
+
 def segments_of(texts: list[str], in_reasoning: bool) -> list[str]:
     """The segment each generated token belongs to, from the tokens' texts in order."""
     out, state, seen = [], "reasoning" if in_reasoning else "answer", ""
@@ -86,7 +94,7 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=14, help="held-out tasks in the one session")
-    ap.add_argument("--n-max", type=int, default=4)
+    ap.add_argument("--n-max", type=depth, default=4, help="the speculative engine's depth: 1.. or auto (tuned online)")
     ap.add_argument("--threads", "-t", type=int, default=1)
     ap.add_argument("--max-steps", type=int, default=4, help="assistant turns per task at most")
     ap.add_argument("--json", type=Path)
