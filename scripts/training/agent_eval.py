@@ -10,9 +10,10 @@ from pathlib import Path
 from . import agent_tasks as at
 
 
-def evaluate(gguf: Path, log=print) -> dict:
+def evaluate(gguf: Path, log=print, n: int = 10, seed: int = 1234) -> dict:
     """{"thinking off": {...}, "thinking on": {...}}: solved, well-formed and first calls right of
-    the 10 held-out tasks, and each task's verdict."""
+    the held-out tasks (``agent_tasks.held_out_tasks(n, seed)``; the defaults are the 10 every run
+    is scored on), and each task's verdict."""
     import openai
     from agent import run_task  # examples/, on the path through agent_tasks
     from bench.bench_server import ServeProcess, stop
@@ -27,10 +28,10 @@ def evaluate(gguf: Path, log=print) -> dict:
         result = {}
         for thinking in (False, True):
             verdicts = []
-            for task in at.held_out_tasks(10):
+            for task in at.held_out_tasks(n, seed):
                 transcript = run_task(client, task.user, workspace, model=model, thinking=thinking).transcript
                 solved, why = at.score(task, transcript)
-                verdicts.append({"family": task.family, "solved": solved, "why": why,
+                verdicts.append({"family": task.family, "user": task.user, "solved": solved, "why": why,
                                  "well_formed": at.well_formed(task, transcript)[0],
                                  "first_call_right": at.first_call_right(task, transcript)})
                 log(f"held out, thinking {'on' if thinking else 'off'}: {task.family}: {why}")
