@@ -38,11 +38,17 @@ SEGMENTS = ("reasoning", "tool call", "answer")
 
 
 def depth(value: str) -> int | str:
-    if value == "auto":
-        return value
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"expected a depth >= 1 or auto, found {value!r}")
-    return int(value)
+    """--n-max: the runtime's depth rule (request.parse_n_max), and not 0: both engines would be plain."""
+    from laguna_dflash.runtime.errors import RequestError
+    from laguna_dflash.runtime.request import parse_n_max
+
+    try:
+        n_max = parse_n_max(value)
+    except RequestError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if n_max == 0:
+        raise argparse.ArgumentTypeError("expected a depth >= 1 or auto (0 makes the speculative engine plain)")
+    return n_max
 
 
 def segments_of(texts: list[str], in_reasoning: bool) -> list[str]:
