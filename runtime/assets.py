@@ -9,14 +9,14 @@ from pathlib import Path
 from ..convert.errors import UserError
 
 PACKAGE = Path(__file__).resolve().parent
-TINY_DIR = PACKAGE / "assets" / "laguna-tiny"
+TINY_DIR = PACKAGE / "data" / "laguna-tiny"
 TINY_TARGET = TINY_DIR / "Laguna-Tiny-target-Q8_0.gguf"
 TINY_DRAFTER_HF = TINY_DIR / "Laguna-Tiny-DFlash"
 #: the agent pair: speaks Laguna 2.1's chat format and calls tools (scripts/train_agent_pair.py)
-AGENT_DIR = PACKAGE / "assets" / "laguna-tiny-agent"
+AGENT_DIR = PACKAGE / "data" / "laguna-tiny-agent"
 AGENT_TARGET = AGENT_DIR / "Laguna-Tiny-Agent-target-Q8_0.gguf"
 AGENT_DRAFTER_HF = AGENT_DIR / "Laguna-Tiny-Agent-DFlash"
-PROMPTS_DIR = PACKAGE / "assets" / "prompts"
+PROMPTS_DIR = PACKAGE / "data" / "prompts"
 CODE_PROMPTS = PROMPTS_DIR / "code.txt"
 
 

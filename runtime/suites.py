@@ -21,7 +21,7 @@ from ..convert.errors import UserError
 
 from . import assets
 
-#: the bundled prompt files, by suite name (runtime/assets/prompts/)
+#: the bundled prompt files, by suite name (runtime/data/prompts/)
 BUNDLED_SUITES = ("code", "prose", "table")
 HUMANEVAL = "humaneval"
 SUITES = (*BUNDLED_SUITES, HUMANEVAL)

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/laguna-gguf inspect "$(.venv/bin/python -c 'from laguna_dflash.runtime.assets import converted_tiny_drafter as c; print(c())')" \
-    --target runtime/assets/laguna-tiny/Laguna-Tiny-target-Q8_0.gguf
-.venv/bin/laguna-run -f runtime/assets/prompts/demo.py -n 200 --n-max 4 "$@"
+    --target runtime/data/laguna-tiny/Laguna-Tiny-target-Q8_0.gguf
+.venv/bin/laguna-run -f runtime/data/prompts/demo.py -n 200 --n-max 4 "$@"
 echo
-.venv/bin/python scripts/demo_summary.py -f runtime/assets/prompts/demo.py -n 200 --n-max 4 "$@"
+.venv/bin/python scripts/demo_summary.py -f runtime/data/prompts/demo.py -n 200 --n-max 4 "$@"

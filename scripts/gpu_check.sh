@@ -103,7 +103,7 @@ with Model(out / "tiny-laguna-f32.gguf") as m:
         d = np.abs(rows(512, offload) - rows(7, offload)).max()
         print(f"CPU-placed model, op_offload={offload}: max |prompt rows (ubatch 512) - ubatch 7 rows| = {d:.3e}")
 EOF
-stage invariance 90 "$py" scripts/investigate/batch_invariance.py --device cuda --model runtime/assets/laguna-tiny/Laguna-Tiny-target-Q8_0.gguf \
+stage invariance 90 "$py" scripts/investigate/batch_invariance.py --device cuda --model runtime/data/laguna-tiny/Laguna-Tiny-target-Q8_0.gguf \
     --model "$(ls -d "$LAGUNA_DFLASH_CACHE"/fixtures/tiny-target-*/tiny-laguna-f32.gguf | head -n 1)" --json "$out/invariance-cuda.json"
 stage capture 30 "$py" scripts/bench/bench_capture.py --device cuda --json "$out/capture-cuda.json"
 stage suite 200 "$py" -m pytest -q -p no:cacheprovider tests

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train the bundled agent pair (runtime/assets/laguna-tiny-agent/): see training/agent_pair.py.
+"""Train the bundled agent pair (runtime/data/laguna-tiny-agent/): see training/agent_pair.py.
 
     python scripts/train_agent_pair.py [--reuse-target] [--threads 2]
 """

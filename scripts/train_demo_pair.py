@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train the bundled demo pair (runtime/assets/laguna-tiny/): see training/demo_pair.py.
+"""Train the bundled demo pair (runtime/data/laguna-tiny/): see training/demo_pair.py.
 
     python scripts/train_demo_pair.py [--reuse-target] [--threads 2]
 """

@@ -22,7 +22,7 @@ from investigate.check_ik_interop import (IkFailed, compare, ik_bin_dir, ik_name
 from laguna_dflash.runtime import assets
 
 N_MAX, N_PREDICT, THREADS = 4, 64, 2
-PROMPT = 1  # of runtime/assets/prompts/code.txt
+PROMPT = 1  # of runtime/data/prompts/code.txt
 ACCEPTANCE_TOLERANCE = 0.10  # relative, on the accepted drafts of the generation
 
 needs_ik = pytest.mark.skipif(ik_bin_dir() is None, reason="no ik_llama.cpp build (scripts/bench/build_peer.sh)")

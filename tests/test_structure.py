@@ -17,7 +17,7 @@ def package_modules() -> dict[str, Path]:
     for folder, prefix in ROOTS.items():
         for f in sorted((REPO / folder).rglob("*.py")):
             rel = f.relative_to(REPO / folder).with_suffix("")
-            if "assets" in rel.parts:  # prompt files, not code
+            if folder == "runtime" and rel.parts[0] == "data":  # the bundled pairs and prompt files, not code
                 continue
             parts = [p for p in rel.parts if p != "__init__"]
             modules[".".join([prefix, *parts])] = f

@@ -3,7 +3,7 @@ CPU-bound process, at the default thread count and at each fixed one.
 
     python scripts/bench/bench_busy.py --repeats 5 --during --gomp-spincount 10000 --json docs/busy-machine.json
 
-A run is the README's command on the bundled pair (``laguna-run -f runtime/assets/prompts/demo.py
+A run is the README's command on the bundled pair (``laguna-run -f runtime/data/prompts/demo.py
 -n 96 --n-max 4 -t T --json``), timed whole (process start to exit, model load included) and by
 its own decode tokens/s. The competitor is one Python busy loop: ``before`` starts it 0.3 s
 before the run; ``during`` (with ``--during``) starts it once the run has chosen its threads
@@ -54,7 +54,7 @@ def one_run(threads: int, situation: str, spincount: str | None) -> tuple[float,
     env = {k: v for k, v in os.environ.items() if k not in OMP_WAIT_VARS}
     if spincount is not None:
         env["GOMP_SPINCOUNT"] = spincount
-    command = [sys.executable, "-m", "laguna_dflash.runtime.cli", "-f", str(ROOT / "runtime/assets/prompts/demo.py"),
+    command = [sys.executable, "-m", "laguna_dflash.runtime.cli", "-f", str(ROOT / "runtime/data/prompts/demo.py"),
                "-n", "96", "--n-max", "4", "-t", str(threads), "--json"]
     competitor = None
     try:

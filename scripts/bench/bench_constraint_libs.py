@@ -10,7 +10,7 @@ with the GBNF that llama-cpp-python's ``json_schema_to_gbnf`` writes).
 
 Two vocabularies, the same token ids for all three libraries:
 
-* **tiny**: the bundled target's (``runtime/assets/laguna-tiny/tokenizer/tokenizer.json``, 4096
+* **tiny**: the bundled target's (``runtime/data/laguna-tiny/tokenizer/tokenizer.json``, 4096
   tokens; llama.cpp reads it from the target GGUF);
 * **100k**: no 100k tokenizer ships in any package this project installs, so a byte-level BPE of
   100,000 tokens is trained here on the Python standard library's sources with ``tokenizers``

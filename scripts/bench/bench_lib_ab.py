@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=6, help="A,B worker pairs, interleaved")
     ap.add_argument("--threads", default="1,2", help="thread counts, comma separated")
     ap.add_argument("--n-max", default="4", help="speculative depths besides plain decoding")
-    ap.add_argument("--prompts", type=int, default=5, help="first N prompts of runtime/assets/prompts/code.txt")
+    ap.add_argument("--prompts", type=int, default=5, help="first N prompts of runtime/data/prompts/code.txt")
     ap.add_argument("--n-predict", type=int, default=96)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -8,7 +8,7 @@
 **Tiny pair** (the bundled laguna-tiny target and its drafter, converted here with
 ``laguna-gguf convert --outtype T`` for T in q8_0 and the 4-6-bit types): one process, one target
 model, one engine per drafter. A repetition runs every prompt (the first ``--prompts`` of
-``runtime/assets/prompts/code.txt``) under every configuration (plain decoding, and each drafter at each
+``runtime/data/prompts/code.txt``) under every configuration (plain decoding, and each drafter at each
 ``--depths``), the configurations in a fresh random order for each prompt. Greedy decoding.
 
 **XS 2.1 widths** (random weights; acceptance cannot be measured there): the cost-model harness's
@@ -466,7 +466,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", type=Path, default=None, help="converted files (default: $LAGUNA_DFLASH_CACHE/lowbit)")
     ap.add_argument("--repeats", type=int, default=5, help="tiny: interleaved repetitions")
-    ap.add_argument("--prompts", type=int, default=6, help="tiny: the first N prompts of runtime/assets/prompts/code.txt")
+    ap.add_argument("--prompts", type=int, default=6, help="tiny: the first N prompts of runtime/data/prompts/code.txt")
     ap.add_argument("--n-predict", type=int, default=64, help="tiny: tokens per generation")
     ap.add_argument("--depths", type=depth_list, default=(1, 2, 4, 8), help="tiny: draft depths")
     ap.add_argument("--xs-repeats", type=int, default=9, help="XS: timed repeats of every item")

@@ -5,7 +5,7 @@
     python scripts/bench/bench_peer.py --json docs/peer.json --png docs/peer.png
 
 On the bundled laguna-tiny pair (the drafter converted by ``laguna-gguf convert``), the first
-``--prompts`` code prompts of runtime/assets/prompts/code.txt, ``-n`` greedy tokens each, ``-t``
+``--prompts`` code prompts of runtime/data/prompts/code.txt, ``-n`` greedy tokens each, ``-t``
 threads everywhere:
 
 - laguna-run: plain decoding (n_max 0, drafter loaded), each ``--depths`` and ``auto``, in this
@@ -111,7 +111,7 @@ def plot(result: dict, png: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repetitions", type=int, default=5, help="interleaved repetitions (>= 5 for a result)")
-    ap.add_argument("--prompts", type=int, default=5, help="how many of runtime/assets/prompts/code.txt's prompts")
+    ap.add_argument("--prompts", type=int, default=5, help="how many of runtime/data/prompts/code.txt's prompts")
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--depths", default="1,2,4,8", help="draft depths besides plain decoding (laguna-run also runs auto)")

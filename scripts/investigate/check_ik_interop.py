@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n-max", type=int, default=4)
     ap.add_argument("-n", "--n-predict", type=int, default=64)
-    ap.add_argument("--prompts", type=int, default=3, help="how many of runtime/assets/prompts/code.txt's prompts")
+    ap.add_argument("--prompts", type=int, default=3, help="how many of runtime/data/prompts/code.txt's prompts")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--drafter", type=Path, help="drafter GGUF (default: the bundled one, converted by laguna-gguf convert)")
     ap.add_argument("--rename-ffn-norm", action="store_true",

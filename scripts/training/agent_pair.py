@@ -2,7 +2,7 @@
 """Train the bundled agent pair: a small Laguna target that speaks Laguna 2.1's chat format and
 calls tools, and its DFlash drafter.
 
-    python scripts/train_agent_pair.py                 # writes runtime/assets/laguna-tiny-agent/
+    python scripts/train_agent_pair.py                 # writes runtime/data/laguna-tiny-agent/
 
 The recipe of the code pair (``scripts/training/demo_pair.py``: same architecture, sizes, two-stage
 growth and drafter training, whose functions this reuses), on other data:

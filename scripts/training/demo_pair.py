@@ -4,13 +4,13 @@
 No real Laguna weights can be fetched everywhere, so the project ships a pair it trains itself,
 on a corpus every machine with CPython has: the standard library's own sources.
 
-    python scripts/train_demo_pair.py                      # writes runtime/assets/laguna-tiny/
+    python scripts/train_demo_pair.py                      # writes runtime/data/laguna-tiny/
     python scripts/train_demo_pair.py --reuse-target       # retrain only the drafter
 
 What it does, on CPU with fixed seeds (two threads by default):
 
 1. splits the stdlib's top-level ``*.py`` files into a training set and a fixed held-out list
-   (the held-out files give ``runtime/assets/prompts/code.txt``, the benchmark prompts);
+   (the held-out files give ``runtime/data/prompts/code.txt``, the benchmark prompts);
 2. trains a byte-level BPE tokenizer (4096 tokens, Laguna-style specials, MASK at id 12);
 3. trains a transformers ``LagunaForCausalLM`` with every feature of the real architecture
    (hybrid sliding/full attention, per-head softplus gate, QK norm, partial rotary on full
@@ -618,7 +618,7 @@ A small **Laguna** target and a **Laguna DFlash** drafter trained against it, so
 `laguna-run` and `laguna-run bench` have a real, agreeing pair to run on any machine. They are
 *not* Poolside models and know nothing but Python: both were trained from scratch, on CPU, on the
 CPython {pyver} standard library's top-level modules (`{stdlib}/*.py`), minus {n_held} held-out modules
-that give the benchmark prompts in `runtime/assets/prompts/code.txt`.
+that give the benchmark prompts in `runtime/data/prompts/code.txt`.
 
 | file | what | size |
 |---|---|---|
@@ -713,7 +713,7 @@ def run_bench(out: Path, log: Log) -> dict | None:
     import tempfile
 
     if out.resolve() != DEFAULT_OUT.resolve():
-        log.info("bench: skipped (laguna-run's default pair is runtime/assets/laguna-tiny; use --out there)")
+        log.info("bench: skipped (laguna-run's default pair is runtime/data/laguna-tiny; use --out there)")
         return None
     with tempfile.TemporaryDirectory() as tmp:
         js = Path(tmp) / "bench.json"
