@@ -132,7 +132,7 @@ def convert_cmd(
              "bf16 and what drafters usually run in; bf16 keeps the checkpoint's exact values. q6_k, q5_k_m, "
              "q4_k_m and q4_0 are made by llama.cpp's own quantiser from a lossless intermediate file "
              "written next to the output (its per-tensor mix; rows that are not a multiple of 256 values "
-             "fall back to a 32-value block type): see docs/lowbit.md."),
+             "fall back to a 32-value block type): see docs/results/lowbit/README.md."),
     source_repo: str | None = typer.Option(
         None, "--source-repo", metavar="ORG/NAME",
         help="The Hugging Face repository the drafter comes from, recorded as "

@@ -89,7 +89,7 @@ class OutType(str, Enum):
     @property
     def base_type(self) -> GGMLQuantizationType:
         """The type most matrices of the output get (llama.cpp's _M mixes give some Q6_K, and rows
-        too short for a K-quant get a 32-block type: docs/lowbit.md)."""
+        too short for a K-quant get a 32-block type: docs/results/lowbit/README.md)."""
         return _LLAMA_BASE.get(self) or _GGML[self]
 
     @property

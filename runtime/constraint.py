@@ -5,7 +5,7 @@
 
 A :class:`Constraint` is the user's side (a JSON schema, any JSON object, a GBNF or Lark
 grammar, Laguna tool calls); :func:`compile_constraint` turns it into a grammar for one target's
-vocabulary (llguidance, chosen by measurement: ``docs/structured.md``) and refuses a bad one
+vocabulary (llguidance, chosen by measurement: ``docs/results/structured/README.md``) and refuses a bad one
 with one :class:`ConstraintError` naming the field. A :class:`Matcher` follows one generation:
 the mask of the next token, consuming tokens, rolling back, and how many leading tokens of a
 draft the grammar allows, without computing a mask.
@@ -36,7 +36,7 @@ from .sampling import Sampler, SamplingParams
 MAX_SOURCE_BYTES = 1 << 20
 #: Bounds on what compiling may cost (llguidance's fuel: about 50k units per ms of lexer
 #: construction; grammar symbols; lexer states of ~1-2 kB each). A schema beyond them is refused
-#: in bounded time instead of being compiled for seconds: docs/structured.md has the
+#: in bounded time instead of being compiled for seconds: docs/results/structured/README.md has the
 #: pathological cases and their refusal times.
 LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=50_000,
               max_lexer_states=50_000, step_max_items=50_000)

@@ -20,7 +20,7 @@ from ..convert.gguf.specs import DrafterSpec, check_pair, read_drafter, read_tar
 #: After a stretch of plain steps the drafter reads the rows of only the last CATCHUP_ROWS of
 #: them (of its whole window, if that is smaller). Each row read costs a plain step 1-2% (the
 #: target's capture, the copy), and on the tiny pair drafts after 150 plain steps were accepted
-#: as often with the last 32-128 rows in context as with all 512 (docs/journal/autotune.md).
+#: as often with the last 32-128 rows in context as with all 512 (docs/results/autotune-history/README.md).
 CATCHUP_ROWS = 64
 
 

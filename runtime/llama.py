@@ -283,7 +283,7 @@ def microbatch_for_window(window: int, n_batch: int, floor: int = 64) -> int:
     SWA_PAD cells, and a one-row step attends to every cell of it (masked cells cost as much as
     visible ones without flash attention). With the default microbatch of 512 and a window of
     128, a step attends to 768 cells where 256 would hold all it can see: the bundled target's
-    plain step ran 1.5x faster at 128 (docs/host-path.md), prefill too."""
+    plain step ran 1.5x faster at 128 (docs/results/host-path/README.md), prefill too."""
     if window <= 0:
         return n_batch
     cells = -(-(window + floor) // SWA_PAD) * SWA_PAD

@@ -291,7 +291,7 @@ def test_bad_constraints_are_refused_naming_the_field(target, constraint, field,
 
 def test_a_schema_whose_grammar_would_be_enormous_is_refused(target):
     """20,000 required properties: within the source-size limit, beyond the grammar-size limit;
-    refused by the limit (docs/structured.md has its time), not compiled."""
+    refused by the limit (docs/results/structured/README.md has its time), not compiled."""
     n = 20_000
     schema = {"type": "object", "properties": {f"field_{i}": {"type": "integer"} for i in range(n)},
               "required": [f"field_{i}" for i in range(n)]}

@@ -4,7 +4,7 @@ These run only where the wheel was built with CUDA and a GPU is present (CI has 
 are skipped there; `scripts/gpu_check.sh` runs them on a GPU machine). CPU-side behaviour of
 the same code is covered by test_target_capture, test_drafter_graph and test_engine.
 
-What holds on a GPU, measured on an H200 (docs/gpu.md): llama.cpp's CUDA backend picks its
+What holds on a GPU, measured on an H200 (docs/results/gpu/README.md): llama.cpp's CUDA backend picks its
 kernels by batch size (one-row matrix-vector kernels for a plain step, cuBLAS with TF32 or
 tiled kernels for larger batches), so a row's logits in a verify batch differ from the same
 row decoded alone: up to 0.09 on the bundled Q8_0 target, 0.9 on the F32 one (jumps that look

@@ -109,7 +109,7 @@ def test_neutralised_context_attn_norm_halves_acceptance_and_output_stays_exact(
 
 def test_neutralised_aux_norms_cost_acceptance(target, drafter_f32, trained_f32, tmp_path):
     """The tiny target's residual streams have similar scales at every captured layer, so the aux
-    norms matter less here than on a real Laguna (docs/demo-pair.md); their trained per-channel
+    norms matter less here than on a real Laguna (docs/results/demo-pair/README.md); their trained per-channel
     weights still carry a measurable share of the acceptance."""
     prompts = PROMPTS[:8]
     good, _ = trained_f32

@@ -2,7 +2,9 @@
 
 docs/README.md links every file under docs/ (a result nobody can find is a result lost);
 scripts/README.md lists every script; the README and the pages under docs/ link only files the
-repository holds (a user has nothing outside it).
+repository holds (a user has nothing outside it). docs/ keeps the guide's pages apart from the
+results: a result's data sits in its folder under docs/results/, beside its page, and no page
+speaks of the numbered work sessions that produced it (a reader has no key to them).
 """
 
 from __future__ import annotations
@@ -44,3 +46,24 @@ def test_a_page_links_only_files_inside_the_repository(page):
     climbing = re.findall(r"`(\.\./[^`]*)`", page.read_text())
     assert not (outside or dangling or climbing), \
         f"{page.relative_to(REPO)}: outside {outside}, missing {dangling}, out of the repository {climbing}"
+
+
+def test_result_files_live_in_a_results_folder_not_at_the_top_of_docs():
+    top = sorted(p.name for p in (REPO / "docs").iterdir() if p.is_file() and p.suffix != ".md")
+    assert top == [], f"docs/: move {', '.join(top)} into docs/results/<topic>/, beside its page"
+    for folder in (REPO / "docs" / "results").iterdir():
+        assert (folder / "README.md").is_file(), f"{folder.relative_to(REPO)}: no README.md page for its data"
+
+
+NUMBERED_SESSION = re.compile(r"\bsessions?[ -]?\d", re.IGNORECASE)
+
+
+def test_the_session_pattern_sees_a_numbered_session():
+    assert NUMBERED_SESSION.search("measured in Session 5's run") and NUMBERED_SESSION.search("sessions 2-8")
+    assert not NUMBERED_SESSION.search("a 36-task agent session of 58 turns")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_a_page_names_no_numbered_development_session(page):
+    found = [m.group(0) for m in NUMBERED_SESSION.finditer(page.read_text())]
+    assert not found, f"{page.relative_to(REPO)}: {found}"

@@ -128,7 +128,7 @@ def test_a_drafting_engine_keeps_as_much_of_each_turn_as_a_plain_one(pair):
     the whole shared prefix, as the plain engine does, and gives the plain engine's tokens. (Had
     it re-decoded positions for the drafter, their K/V would come from a batch of another shape,
     and on quantized targets the last bits, so greedy near-ties, would follow how the last turn
-    was drafted: docs/agent-server.md.)"""
+    was drafted: docs/results/agent-server/README.md.)"""
     target, drafter = pair
     cfg = {"n_ctx": 1024, "kv_type": "f32", "n_threads": 1}
     with Engine(target, drafter, EngineConfig(**cfg)) as spec, Engine(target, drafter, EngineConfig(**cfg)) as plain:

@@ -193,7 +193,7 @@ def test_a_depth_without_a_reference_keeps_its_cost():
     assert costs.medians() == {0: 13.0, 3: 5.0}
 
 
-if __name__ == "__main__":  # the numbers behind the bounds above (docs/autotune.md)
+if __name__ == "__main__":  # the numbers behind the bounds above (docs/results/autotune/README.md)
     print("seed | rounds to best, 1k->30k: told / not | 30k->1k: told / not | session tok/s: told / not")
     for seed in range(SEEDS):
         told, blind = session(UP_AND_DOWN, seed, True), session(UP_AND_DOWN, seed, False)

@@ -103,7 +103,7 @@ def test_replay_charges_the_catch_up_of_the_capture_horizon_only():
 
 # Issue 7's code line (0.95 of the best fixed depth, choices after round 64 as good) holds on
 # the calm clock. On the busy one, whose round times reach 7x their median, the tuner's cost
-# estimates are noisier than any fixed depth's speed: 0.954 over 40 orders (docs/autotune-replay.md),
+# estimates are noisier than any fixed depth's speed: 0.954 over 40 orders (docs/results/autotune-replay/README.md),
 # held here as a regression bound, not as the line; on the GPU clock 0.938. The stair clock holds
 # the line (0.969 over 40 orders, the worst 0.884).
 CODE_BOUNDS = {"calm": (0.95, 0.88, 0.95), "busy": (0.92, 0.85, 0.93), "gpu": (0.90, 0.80, 0.94),
@@ -148,7 +148,7 @@ def lag_one_correlation(x: list[float]) -> float:
 
 def test_drift_makes_successive_rounds_alike_without_widening_the_spread(rec):
     """A shared machine's round times drift (live, depth 4 on code: lag-one correlation 0.6,
-    docs/journal/autotune.md); the replay splits the recorded spread into a slow factor and a fast one.
+    docs/results/autotune-history/README.md); the replay splits the recorded spread into a slow factor and a fast one.
     Every depth costs the same here, so a round's time is its noise draw alone: two policies
     meet the same draws round by round, and the slow factor only correlates them."""
     import dataclasses
@@ -230,7 +230,7 @@ def test_each_prompt_can_run_on_its_own_clock():
 def test_one_tuner_follows_code_then_tables_then_prose(clock):
     """As the live sweep runs it: one tuner through the three prompt files in turn. Prose after
     tables is the weak part on the calm clock (0.93 over 40 orders; live 0.89): the tuner stays
-    near the tables' depth (docs/autotune-replay.md). Regression bounds."""
+    near the tables' depth (docs/results/autotune-replay/README.md). Regression bounds."""
     recs = {n: Recording.load(RECORDINGS[clock], costs_of=n) for n in ("code", "table", "prose")}
     parts = judge_stream(AutoDepth, recs, SEEDS)
     for name, ratios in parts.items():

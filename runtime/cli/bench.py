@@ -20,7 +20,7 @@ from .options import Command, switch, PairFlags, RpcFailed, check_range, engine_
     pair_flags, pair_inputs, request_options
 
 #: prompts per suite unless --suite-limit says otherwise: on the bundled pair all four suites at
-#: three depths then take about 2 minutes at -t 1 on a busy 2-core machine (docs/suites.md)
+#: three depths then take about 2 minutes at -t 1 on a busy 2-core machine (docs/results/suites/README.md)
 DEFAULT_SUITE_LIMIT = 40
 
 bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")

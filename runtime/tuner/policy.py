@@ -3,7 +3,7 @@
 The engine tells the policy the round's context length with ``context(n_past)``, asks
 ``choose()`` and reports back with ``observe(depth, accepted, t_round, t_catchup)``; depth 0 is a
 plain decoding step. How ``auto`` was tuned and judged:
-``docs/autotune.md`` (the result) and ``docs/journal/autotune.md`` (the history).
+``docs/results/autotune/README.md`` (the result) and ``docs/results/autotune-history/README.md`` (the history).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How much of an agent loop's prompt the prompt cache holds, turn by turn.
 
-    python scripts/bench/bench_agent_cache.py --json docs/agent-cache.json
+    python scripts/bench/bench_agent_cache.py --json docs/results/server/agent-cache.json
 
 An OpenAI-style agent loop re-sends the whole conversation each turn: the server renders it
 again with the chat template, so turn k's prompt is turn k-1's prompt, its reply as the

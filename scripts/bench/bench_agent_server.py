@@ -2,7 +2,7 @@
 
     python scripts/bench/bench_agent_server.py record --out scripts/bench/data/agent-session.json
     scripts/bench/build_peer.sh ik       # once: ik_llama.cpp's llama-server, outside the repo
-    python scripts/bench/bench_agent_server.py replay --json docs/agent-server.json --png docs/agent-server.png
+    python scripts/bench/bench_agent_server.py replay --json docs/results/agent-server/agent-server.json --png docs/results/agent-server/agent-server.png
 
 ``record`` runs an agent (the loop of ``examples/agent.py``: thinking on, the tools run for real
 over the standard library) through the agent pair's held-out tasks in ONE growing conversation

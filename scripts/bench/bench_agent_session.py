@@ -1,6 +1,6 @@
 """What speculation does on agent traffic: one long agent session on the bundled agent pair.
 
-    python scripts/bench/bench_agent_session.py --tasks 14 --json docs/agent-session.json --png docs/agent-session.png
+    python scripts/bench/bench_agent_session.py --tasks 14 --json docs/results/agent-pair/agent-session.json --png docs/results/agent-pair/agent-session.png
 
 An agent (the loop of ``examples/agent.py``, in process) works through held-out tasks one after
 the other in ONE growing conversation, thinking on, the tools run for real

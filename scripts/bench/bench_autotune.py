@@ -1,6 +1,6 @@
 """How close `--n-max auto` comes to the best fixed depth, measured in one process.
 
-    python scripts/bench/bench_autotune.py --json docs/autotune.json --png docs/autotune.png
+    python scripts/bench/bench_autotune.py --json docs/results/autotune/autotune.json --png docs/results/autotune/autotune.png
 
 Three workloads on the bundled laguna-tiny pair (greedy, one engine per drafter):
 

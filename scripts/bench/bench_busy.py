@@ -1,7 +1,7 @@
 """How the thread count copes with a busy machine: laguna-run with and without one competing
 CPU-bound process, at the default thread count and at each fixed one.
 
-    python scripts/bench/bench_busy.py --repeats 5 --during --gomp-spincount 10000 --json docs/busy-machine.json
+    python scripts/bench/bench_busy.py --repeats 5 --during --gomp-spincount 10000 --json docs/results/busy-machine/busy-machine.json
 
 A run is the README's command on the bundled pair (``laguna-run -f runtime/data/prompts/demo.py
 -n 96 --n-max 4 -t T --json``), timed whole (process start to exit, model load included) and by

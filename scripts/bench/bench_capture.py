@@ -7,7 +7,7 @@ target with the drafter's capture slots on and off, in alternating blocks of 16 
 machine drifts), and prints the median step of each and their ratio, measured in one run.
 Then the same prompt through the engine's plain decoding (n_max 0), without a drafter and
 with one loaded, as time per generated token: on an H200 a bare step took 0.28 ms while the
-engine's plain rounds took 1.2-1.3 ms (docs/gpu.md). That bare step was timed around the
+engine's plain rounds took 1.2-1.3 ms (docs/results/gpu/README.md). That bare step was timed around the
 decode call alone, which on a GPU only queues the work; a step now ends when its logits are read.
 
     python scripts/bench/bench_capture.py [--device cuda] [--steps 512]

@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     result = {"command": command_line(__file__, argv),
               "stretch": args.stretch, "visit": args.visit, "depth": args.depth, "acceptance": {}}
     # an F32 cache makes greedy speculative output equal plain decoding's on this CPU, so the
-    # output must not depend on the horizon (with F16, near-ties may part: docs/demo-pair.md)
+    # output must not depend on the horizon (with F16, near-ties may part: docs/results/demo-pair/README.md)
     with Engine.load(assets.TINY_TARGET, drafter, EngineConfig(kv_type="f32")) as engine:
         for name in filter(None, args.workloads.split(",")):
             prompts = assets.read_prompts(assets.PROMPTS_DIR / f"{name}.txt")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which grammar library constrains our decoding: llguidance, xgrammar, llama.cpp's grammar sampler.
 
-    flock -x /tmp/laguna-cpu.lock .venv/bin/python scripts/bench/bench_constraint_libs.py --json docs/structured-libs.json
+    flock -x /tmp/laguna-cpu.lock .venv/bin/python scripts/bench/bench_constraint_libs.py --json docs/results/structured/structured-libs.json
 
 xgrammar is not a dependency of the project (it needs torch); install it to compare:
 ``.venv/bin/pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi`` (torch and transformers come

@@ -4,7 +4,7 @@
 speedup is read from costs instead).
 
     python scripts/bench/bench_context_rows.py -m ~/.cache/laguna-dflash/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf \\
-        --json docs/long-context-xs-rows.json
+        --json docs/results/long-context/long-context-xs-rows.json
 
 The cache is filled with seeded random tokens, in 512-token batches, up to each context of
 ``--contexts`` in turn (timed: the prefill's tokens/s); at each context, passes of 1 row (a plain

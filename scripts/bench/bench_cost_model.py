@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cost model of DFlash speculation for a Laguna XS 2.1 pair on this CPU: see tuning/cost_model.py.
 
-    .venv/bin/python scripts/bench/bench_cost_model.py [--threads 1 --repeats 12 --png docs/cost-model.png]
+    .venv/bin/python scripts/bench/bench_cost_model.py [--threads 1 --repeats 12 --png docs/results/cost-model/cost-model.png]
 """
 
 import sys

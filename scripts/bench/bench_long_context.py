@@ -3,7 +3,7 @@
 context length, plain and at each depth, on a bundled pair (issue 32, item 3).
 
     python scripts/bench/bench_long_context.py --pair code --repeats 5 \\
-        --json docs/long-context-code.json --png docs/long-context-code.png
+        --json docs/results/long-context/long-context-code.json --png docs/results/long-context/long-context-code.png
 
 A prompt of L tokens is standard-library code (sorted, the code pair's held-out modules left out)
 ending with the first 384 tokens of a held-out module (one prompt per module of ``--tails``), so
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
                        if any(i is not None for rep in row["depths"][d]["diverged_at"] for i in rep)})
     if diverged:
         print(f"output differed from the same repetition's plain run (context, depth): {diverged}; each run starts "
-              "from the cache the run before left, whose cell order changes the last bits (docs/long-context.md)")
+              "from the cache the run before left, whose cell order changes the last bits (docs/results/long-context/README.md)")
 
     result = {"command": command_line(__file__, argv), "pair": args.pair, "repeats": args.repeats,
               "n_predict": args.n_predict, "threads": args.threads, "machine": f"{platform.machine()}",

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """4-6-bit drafters (q6_k, q5_k_m, q4_k_m, q4_0) against Q8_0, on the tiny pair and at XS 2.1 widths.
 
-    .venv/bin/python scripts/bench/bench_lowbit.py --json docs/lowbit.json --png docs/lowbit.png
+    .venv/bin/python scripts/bench/bench_lowbit.py --json docs/results/lowbit/lowbit.json --png docs/results/lowbit/lowbit.png
     .venv/bin/python scripts/bench/bench_lowbit.py --part tiny --repeats 5
-    .venv/bin/python scripts/bench/bench_lowbit.py --from-json docs/lowbit.json --png docs/lowbit.png   # tables/chart only
+    .venv/bin/python scripts/bench/bench_lowbit.py --from-json docs/results/lowbit/lowbit.json --png docs/results/lowbit/lowbit.png   # tables/chart only
 
 **Tiny pair** (the bundled laguna-tiny target and its drafter, converted here with
 ``laguna-gguf convert --outtype T`` for T in q8_0 and the 4-6-bit types): one process, one target

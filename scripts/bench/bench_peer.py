@@ -2,7 +2,7 @@
 """laguna-run against its peer ik_llama.cpp and the vendored llama.cpp's C++ decode, same GGUF pair.
 
     scripts/bench/build_peer.sh                                           # once: the peers, outside the repo
-    python scripts/bench/bench_peer.py --json docs/peer.json --png docs/peer.png
+    python scripts/bench/bench_peer.py --json docs/results/peer/peer.json --png docs/results/peer/peer.png
 
 On the bundled laguna-tiny pair (the drafter converted by ``laguna-gguf convert``), the first
 ``--prompts`` code prompts of runtime/data/prompts/code.txt, ``-n`` greedy tokens each, ``-t``

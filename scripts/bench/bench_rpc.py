@@ -1,7 +1,7 @@
 """Plain and speculative tokens/s with the target local and over llama.cpp's RPC backend on
 loopback, with an added per-call latency, measured in one run.
 
-    python scripts/bench/bench_rpc.py --json docs/rpc.json --png docs/rpc.png
+    python scripts/bench/bench_rpc.py --json docs/results/rpc/rpc.json --png docs/results/rpc/rpc.png
 
 The bundled laguna-tiny pair (greedy, F16 cache). Configurations, all loaded at once and run in
 turn (interleaved: prompt by prompt, repeat by repeat, so the machine's noise falls on all):

@@ -1,6 +1,6 @@
 """laguna-run serve against the Python API, and the prompt cache's time to first token.
 
-    python scripts/bench/bench_server.py --json docs/server-bench.json
+    python scripts/bench/bench_server.py --json docs/results/server/server-bench.json
 
 Two measurements on the bundled laguna-tiny pair, greedy, n_max 4, each with the server a
 separate process (``laguna-run serve`` on 127.0.0.1, an ephemeral port) and this process the

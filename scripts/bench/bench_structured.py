@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Constrained vs unconstrained speculative decoding on prompts whose answer is JSON or a tool call.
 
-    flock -x /tmp/laguna-cpu.lock .venv/bin/python scripts/bench/bench_structured.py --repeats 7 --json docs/structured.json
+    flock -x /tmp/laguna-cpu.lock .venv/bin/python scripts/bench/bench_structured.py --repeats 7 --json docs/results/structured/structured.json
 
 ``--pair code`` (the bundled laguna-tiny pair, which completes Python code): the prompts are
 Python that asks for a JSON value the way code does (``DEFAULTS = ``, a docstring saying "return

@@ -13,7 +13,7 @@ predict. Prints the loss and the share of held-out repeat tokens predicted every
 
 The model is the agent pair's stage-1 target config at ``--layers`` depth (``--arch llama``: a
 Llama of the same width, to see whether Laguna's features are the obstacle); the tokenizer is
-the bundled agent pair's. Results: docs/agent.md ("Copying written in, not learnt").
+the bundled agent pair's. Results: docs/results/agent-pair/README.md ("Copying written in, not learnt").
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ assistant turns): **{acc:.2f} accepted per round**, by depth {by_depth}.
 
 
 UNMEASURED_ABILITY = """\
-On the 10 held-out tasks (`make demo-agent`, `docs/agent.md`) it calls the right tool with
+On the 10 held-out tasks (`make demo-agent`, `docs/results/agent-pair/README.md`) it calls the right tool with
 well-formed calls and ends with an answer every time, but it does not copy names and numbers from
 the request into the arguments (asked where `yiq_to_rgb` is defined, it greps for a name of its
 own), so it solves none of them: copying did not emerge within this CPU training budget. It is a

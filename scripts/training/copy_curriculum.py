@@ -2,7 +2,7 @@
 
 Every agent task needs copying: a function name from the request into a tool's arguments, a
 file and line from a tool result into the answer, and the agent conversations alone give too
-thin a signal for it (what was tried and measured: docs/agent.md). This stage trains
+thin a signal for it (what was tried and measured: docs/results/agent-pair/README.md). This stage trains
 on requests to repeat a phrase of random word tokens, in the markup of Laguna 2.1's chat, with the
 loss on the repetition only. Random phrases cannot be memorised, so only copying lowers the loss;
 the alphabet grows from a few hundred word tokens to all of them, so that the first lessons

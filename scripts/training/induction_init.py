@@ -5,7 +5,7 @@ tool result into the answer. Transformers learn that through an *induction circu
 writes each position's previous token into the residual stream, and a later head that attends
 from a token to the position after its earlier occurrence and copies what it finds there), but
 on 2 CPU cores it never formed: copy curricula and synthetic repeat tasks stayed flat for
-thousands of steps (docs/agent.md). So the stage-1 target starts with the circuit written into
+thousands of steps (docs/results/agent-pair/README.md). So the stage-1 target starts with the circuit written into
 its weights, and training starts from a model that can already copy.
 
 The circuit matches the last ``match`` tokens of context (1 or 2). One token is ambiguous where

@@ -2,7 +2,7 @@
 """Cost model of DFlash speculation for a Laguna XS 2.1 pair on this CPU, at real widths.
 
     .venv/bin/python scripts/bench/bench_cost_model.py                 # build (once, cached), measure, predict
-    .venv/bin/python scripts/bench/bench_cost_model.py --threads 1 --repeats 12 --png docs/cost-model.png
+    .venv/bin/python scripts/bench/bench_cost_model.py --threads 1 --repeats 12 --png docs/results/cost-model/cost-model.png
     .venv/bin/python scripts/bench/bench_cost_model.py --from-json RUN.json --png out.png   # re-analyse only
 
 What it builds (under ``$LAGUNA_DFLASH_CACHE/costmodel``, default ``~/.cache/laguna-dflash/costmodel``,
