@@ -27,8 +27,7 @@ last ``<think>``, ``</think>`` or ``<assistant>``.
         send(delta)
 
 Arguments are typed by the request's tool schema: a property whose type is ``"string"`` (or
-``["string", "null"]``, or an enum of strings) keeps its text byte for byte, and is streamed
-as it is generated; any other value is JSON (or a Python literal: ``True``, ``['a', 'b']``),
+``["string", "null"]``, or an enum of strings) keeps its text byte for byte; any other value is JSON (or a Python literal: ``True``, ``['a', 'b']``),
 and a value that is neither stays the stripped text.
 
 Where the published implementations disagree (reference §3.3, §4), this module chooses as
@@ -49,9 +48,10 @@ text between and after calls                    dropped                         
 a pair missing ``</arg_key>``/``<arg_value>``   skipped, the call keeps its other pairs    same
 a block whose name is empty or is not           its text is content, up to its             skipped; no call at all: the
 followed by ``<arg_key>``/``</tool_call>``      ``</tool_call>`` (4)                       whole output is content
-a call cut by the end of the output             a call with the arguments so far (5)       legacy: content
-a value cut by ``</tool_call>`` or the end      kept as far as it goes (5)                 legacy: the pair is dropped
-a repeated key                                  the first value (5)                        last (legacy streaming: first)
+a call cut by the end of the output             no call: its text is content, verbatim     legacy: same
+                                                (5)
+a value cut by ``</tool_call>``                 kept as far as it goes                     legacy: the pair is dropped
+a repeated key                                  the first value                            last (legacy streaming: first)
 ``<tool_call>`` inside reasoning                ends the reasoning, starts the call (6)    legacy: reasoning; engine: as here
 ``</think>`` with reasoning off                 dropped (7)                                legacy: content (#49379)
 ``<think>`` in the answer                       reasoning again until ``</think>``         legacy: content; engine: as here
@@ -66,8 +66,9 @@ the reasoning field                             ``reasoning_content`` (8)       
 3. Nullable strings are common in real schemas; their text is as exact as a plain string's.
 4. Nothing the model wrote vanishes, and a stream can tell at once (the name and the tag after
    it decide), where vLLM's rule needs the whole output.
-5. A stream has already sent the call, the value's first characters and the first value; the
-   whole-text reading must agree with it. The finish reason tells a client the output was cut.
+5. A call cut by max_tokens would run a truncated command (``{"city": "Par"}``); the finish
+   reason ``length`` tells the client why no call came. So a stream sends each call whole, when
+   its ``</tool_call>`` arrives, never part of one that might not be finished.
 6. A model that forgets ``</think>`` still gets its call run (Ollama does the same).
 7. ``</think>`` is markup, never part of an answer: the leak users report against vLLM.
 8. The name llama-server, SGLang and Poolside's own API use; history accepts both.
@@ -183,6 +184,7 @@ def decode_value(text: str) -> Any:
 # ---------------------------------------------------------------------- the parser
 
 _CONTENT, _REASONING, _NAME_START, _NAME, _AFTER_NAME, _BLOCK, _ARGS, _KEY, _AFTER_KEY, _VALUE = range(10)
+_IN_CALL = frozenset((_ARGS, _KEY, _AFTER_KEY, _VALUE))
 
 _TEXT_TAGS = (THINK, END_THINK, TOOL_OPEN)
 _TEXT_TAGS_NO_CALLS = (THINK, END_THINK)
@@ -242,6 +244,9 @@ class _Deltas:
         else:
             self._entries.append(["tool_calls", index, None, [text]])
 
+    def extend(self, other: "_Deltas") -> None:
+        self._entries.extend(other._entries)
+
     @property
     def items(self) -> list[dict[str, Any]]:
         out = []
@@ -277,7 +282,8 @@ class ResponseParser:
         self._state = _REASONING if reasoning else _CONTENT
         self._buf = ""
         self._pos = 0
-        self.n_calls = 0
+        self.n_calls = 0  # complete calls (closed by </tool_call>)
+        self._call: _Deltas | None = None  # the open call's deltas, sent when its </tool_call> comes
         self._content_started = False  # a non-whitespace character of content was sent
         self._space: list[str] = []  # whitespace-only content so far: null if a call follows
         self._raw: list[str] = []  # a block as written while it may still turn out not to be a call
@@ -300,7 +306,7 @@ class ResponseParser:
         self._buf = self._buf[self._pos:] + text
         self._pos = 0
         out = _Deltas()
-        while self._step(out, final=False):
+        while self._recorded_step(out, final=False):
             pass
         self._buf = self._buf[self._pos:]
         self._pos = 0
@@ -311,7 +317,7 @@ class ResponseParser:
         if self._finished:
             return []
         out = _Deltas()
-        while self._step(out, final=True):
+        while self._recorded_step(out, final=True):
             pass
         state, rest = self._state, self._buf[self._pos:]
         self._buf, self._pos = "", 0
@@ -323,11 +329,9 @@ class ResponseParser:
             self._content(out, "".join(self._raw) + rest)
         elif state == _BLOCK:
             self._content(out, rest)
-        else:
-            if state == _VALUE:
-                self._value_text(out, rest)
-                self._end_value(out)
-            self._end_call(out)
+        else:  # a call never closed: no call, the text it was
+            self._call = None
+            self._content(out, "".join(self._raw) + rest)
         if not self.n_calls and self._space:
             out.text("content", "".join(self._space))
         self._space.clear()
@@ -367,6 +371,15 @@ class ResponseParser:
         emit(out, buf[pos:m.start()])
         self._pos = m.end()
         return m.start(), m.group()
+
+    def _recorded_step(self, out: _Deltas, final: bool) -> bool:
+        """One step; the text a call's arguments consume is kept as written, for when the call
+        is never closed."""
+        state, start = self._state, self._pos
+        more = self._step(out, final)
+        if state in _IN_CALL:
+            self._raw.append(self._buf[start:self._pos])
+        return more
 
     def _step(self, out: _Deltas, final: bool) -> bool:
         state = self._state
@@ -478,6 +491,7 @@ class ResponseParser:
         if name and (opens_args or rest.startswith(TOOL_CLOSE)):
             self._start_call(out, name)
             if opens_args:
+                self._raw.append(KEY_OPEN)
                 self._pos = end + len(KEY_OPEN)
                 self._key = []
                 self._state = _KEY
@@ -494,15 +508,18 @@ class ResponseParser:
         return True
 
     def _start_call(self, out: _Deltas, name: str) -> None:
-        self._space.clear()  # whitespace-only content before a call is no content
-        out.call(self.n_calls, _new_call_id(), name)
+        self._call = _Deltas()
+        self._call.call(self.n_calls, _new_call_id(), name)
         self._call_keys = self._string_keys.get(name, frozenset())
         self._seen_keys = set()
         self._has_args = False
-        self.n_calls += 1
 
     def _end_call(self, out: _Deltas) -> None:
-        out.arguments(self.n_calls - 1, "}" if self._has_args else "{}")
+        self._call.arguments(self.n_calls, "}" if self._has_args else "{}")
+        out.extend(self._call)
+        self._call = None
+        self.n_calls += 1
+        self._space.clear()  # whitespace-only content before a call is no content
         self._state = _CONTENT
 
     def _start_value(self, out: _Deltas) -> None:
@@ -515,7 +532,7 @@ class ResponseParser:
         self._value_key = key
         self._value_is_string = key in self._call_keys
         if self._value_is_string:
-            out.arguments(self.n_calls - 1, self._separator() + _dumps(key) + ': "')
+            self._call.arguments(self.n_calls, self._separator() + _dumps(key) + ': "')
 
     def _separator(self) -> str:
         separator = ", " if self._has_args else "{"
@@ -526,7 +543,7 @@ class ResponseParser:
         if not text or self._value_key is None:
             return
         if self._value_is_string:
-            out.arguments(self.n_calls - 1, _dumps(text)[1:-1])
+            self._call.arguments(self.n_calls, _dumps(text)[1:-1])
         else:
             self._value.append(text)
 
@@ -534,10 +551,10 @@ class ResponseParser:
         if self._value_key is None:
             return
         if self._value_is_string:
-            out.arguments(self.n_calls - 1, '"')
+            self._call.arguments(self.n_calls, '"')
         else:
             value = decode_value("".join(self._value))
-            out.arguments(self.n_calls - 1, self._separator() + _dumps(self._value_key) + ": " + _dumps(value))
+            self._call.arguments(self.n_calls, self._separator() + _dumps(self._value_key) + ": " + _dumps(value))
         self._value_key = None
         self._value = []
 

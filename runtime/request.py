@@ -146,6 +146,20 @@ def check_context(n_prompt: int, n_predict: int, n_ctx: int) -> None:
                            n_predict, code="context_length_exceeded")
 
 
+def fit_to_context(n_prompt: int, n_predict: int, n_ctx: int) -> int:
+    """A server's budget: ``n_predict`` cut to what the context leaves, so that generation ends
+    with "length" when the context is full (llama-server's rule; agents send budgets such as
+    32000 whatever the context). A prompt that leaves no room at all is refused."""
+    if n_prompt < 1:
+        raise RequestError("prompt", "at least one token", "an empty prompt")
+    room = context_room(n_prompt, n_ctx)
+    if room < 1:
+        raise RequestError("prompt", f"at most {max(1, n_ctx - CONTEXT_MARGIN - 1)} tokens: the context is {n_ctx} "
+                                     f"tokens and {CONTEXT_MARGIN} are kept free (raise -c or shorten it)",
+                           f"{n_prompt} tokens", code="context_length_exceeded")
+    return min(n_predict, room)
+
+
 # ---------------------------------------------------------------------- the request
 
 

@@ -196,14 +196,21 @@ def test_a_block_that_is_not_a_call_is_text(block):
     assert names(m) == ["get_weather"] and m["content"] is None
 
 
-def test_a_call_cut_by_the_end_keeps_its_arguments_so_far():
-    m = outcome("<tool_call>write_file<arg_key>path</arg_key><arg_value>a.py</arg_value><arg_key>content</arg_key>"
-                "<arg_value>line 1\nline", tools=TOOLS)
-    assert args(m) == {"path": "a.py", "content": "line 1\nline"}
-    m = outcome("<tool_call>f<arg_key>n</arg_key><arg_value>12", tools=TOOLS)
-    assert args(m) == {"n": 12}
-    m = outcome("<tool_call>f<arg_key>n</arg_key>", tools=TOOLS)
-    assert names(m) == ["f"] and args(m) == {}
+@pytest.mark.parametrize("text", [
+    "<tool_call>write_file<arg_key>path</arg_key><arg_value>a.py</arg_value><arg_key>content</arg_key>"
+    "<arg_value>line 1\nline",
+    "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Par",  # max_tokens reached mid-call
+    "<tool_call>f<arg_key>n</arg_key><arg_value>12", "<tool_call>f<arg_key>n</arg_key>", "<tool_call>f<arg_key>",
+    "<tool_call>f<arg_key>n</arg_key><arg_value>1</arg_value>", "<tool_call>f<arg_key>n</arg_key><arg_value>1</arg_"])
+def test_a_call_cut_by_the_end_is_no_call_but_its_text_verbatim(text):
+    for prefix in ("", "Let me look. ", "  \n"):
+        m = outcome(prefix + text, tools=TOOLS)
+        assert m["tool_calls"] == [] and m["content"] == prefix + text
+        deltas = [d for step in feed_all(ResponseParser(TOOLS), list(prefix + text)) for d in step]
+        assert not any("tool_calls" in d for d in deltas), deltas
+    # after a complete call it is dropped, as any text after a call: the complete one stands
+    m = outcome(TIGHT + text, tools=TOOLS)
+    assert names(m) == ["get_weather"] and m["content"] is None
 
 
 @pytest.mark.parametrize("text", ["<tool_call>", "<tool_call>get_wea", "<tool_call>get_weather\n",
@@ -276,27 +283,24 @@ def feed_all(parser: ResponseParser, pieces: list[str]) -> list[list[dict]]:
     return [parser.feed(p) for p in pieces] + [parser.finish()]
 
 
-def test_delta_shapes_name_first_then_argument_pieces():
+def test_a_call_is_sent_whole_when_it_closes():
     steps = feed_all(ResponseParser(TOOLS), ["Hi <", "tool_call>write_", "file<arg_key>path</arg_key><arg_value>a",
                                              ".p", "y</arg_", "value><arg_key>lines</arg_key><arg_value>1",
-                                             "2</arg_value></tool_call>"])
+                                             "2</arg_value></tool_call>", "after"])
     assert steps[0] == [{"content": "Hi "}]  # "<" held back: it may open a tag
-    assert steps[1] == []  # the name is sent once, whole
-    head = steps[2][0]["tool_calls"][0]
+    assert steps[1:6] == [[]] * 5  # nothing of the call until its </tool_call>: it may never close
+    [delta] = steps[6]
+    head = delta["tool_calls"][0]
     assert head["index"] == 0 and head["type"] == "function" and head["id"].startswith("call_")
-    assert head["function"] == {"name": "write_file", "arguments": '{"path": "a'}  # a string streams at once
-    assert steps[3] == [{"tool_calls": [{"index": 0, "function": {"arguments": ".p"}}]}]
-    assert steps[4] == [{"tool_calls": [{"index": 0, "function": {"arguments": "y"}}]}]  # "</arg_" held back
-    assert steps[5] == [{"tool_calls": [{"index": 0, "function": {"arguments": '"'}}]}]  # the integer waits
-    assert steps[6] == [{"tool_calls": [{"index": 0, "function": {"arguments": ', "lines": 12}'}}]}]
-    assert steps[7] == []
+    assert head["function"] == {"name": "write_file", "arguments": '{"path": "a.py", "lines": 12}'}
+    assert steps[7] == [] and steps[8] == []  # text after a call is dropped
 
 
-def test_string_values_are_json_escaped_piece_by_piece():
+def test_string_values_are_json_escaped():
     steps = feed_all(ResponseParser(TOOLS), ["<tool_call>write_file<arg_key>content</arg_key><arg_value>",
                                              'a "q"\n', "\\ é\t", "</arg_value></tool_call>"])
-    pieces = [d["tool_calls"][0]["function"]["arguments"] for step in steps for d in step]
-    assert pieces[-3:] == ['a \\"q\\"\\n', "\\\\ é\\t", '"}']
+    [piece] = [d["tool_calls"][0]["function"]["arguments"] for step in steps for d in step]
+    assert piece == '{"content": "a \\"q\\"\\n\\\\ é\\t"}'
 
 
 def test_a_second_call_has_the_next_index():

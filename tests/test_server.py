@@ -208,14 +208,33 @@ def assert_error(r, status, param=None, code=None):
     ("/v1/completions", {"prompt": "x", "stop": ["a", ""]}, "stop", None),
     ("/v1/completions", {"prompt": [1, 99999]}, "prompt", None),
     ("/v1/completions", {"prompt": ["a", "b"]}, "prompt", None),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 2040}, "max_tokens", "context_length_exceeded"),
-    ("/v1/completions", {"prompt": "x " * 2100, "max_tokens": 1}, "max_tokens", "context_length_exceeded"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens", None),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1.5}, "max_tokens", None),
+    ("/v1/completions", {"prompt": "x " * 2100, "max_tokens": 1}, "prompt", "context_length_exceeded"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x " * 2100}]}, "messages",
      "context_length_exceeded"),
 ])
 def test_bad_requests_are_400_in_the_openai_shape(srv, path, body, param, code):
     err = assert_error(post(srv, path, body), 400, param, code)
     assert err["type"] == "invalid_request_error"
+
+
+def test_max_tokens_beyond_the_context_generates_until_it_is_full(srv):
+    # llama-server's rule (opencode sends 32000 whatever the context): the context of 2048 fills,
+    # 16 cells kept free, and the finish reason says the budget ended it
+    prompt = "x " * 1990
+    with httpx.Client(base_url=srv.url, timeout=120) as h:
+        n_prompt = len(h.post("/tokenize", json={"content": prompt, "add_special": True}).json()["tokens"])
+        for path, body in (("/v1/completions", {"prompt": prompt}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]})):
+            r = h.post(path, json={**body, "max_tokens": 32000, "temperature": 0})
+            assert r.status_code == 200, r.text
+            out = r.json()
+            assert out["choices"][0]["finish_reason"] == "length"
+            assert out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"] == 2048 - 16
+            if path == "/v1/completions":
+                assert out["usage"]["prompt_tokens"] == n_prompt
 
 
 def test_the_openai_client_reads_the_errors(srv):

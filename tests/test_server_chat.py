@@ -197,13 +197,20 @@ def test_tool_choice_none_and_parallel_tool_calls_false(srv, models):
     assert one.finish_reason == "tool_calls" and len(one.message.tool_calls) == 1
 
 
-def test_a_call_cut_by_max_tokens_finishes_with_length(srv, models):
+def test_a_call_cut_by_max_tokens_is_no_call_but_its_text(srv, models):
+    # an agent would run the truncated call {"city": "Par"}: it gets the text and "length"
     c = client(srv)
-    cut = len(models[0].tokenize(CALL[:CALL.index("days")], add_special=False))  # inside the second key
+    cut = len(models[0].tokenize(CALL[:CALL.index("Paris") + 3], add_special=False))
     with scripted(models[0]) as script:
-        script.say(CALL)
+        script.say(CALL, CALL)
         r = c.chat.completions.create(model="m", messages=OK, tools=[WEATHER_TOOL], max_tokens=cut).choices[0]
-    assert r.finish_reason == "length" and calls(r.message) == [("get_weather", {"city": "Paris"})]
+        chunks = list(c.chat.completions.create(model="m", messages=OK, tools=[WEATHER_TOOL], max_tokens=cut,
+                                                stream=True))
+    assert r.finish_reason == "length" and not r.message.tool_calls
+    assert "<arg_value>Par" in r.message.content and CALL.startswith(r.message.content)
+    assert not any(ch.choices[0].delta.tool_calls for ch in chunks if ch.choices)
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == r.message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_thinking_off_answers_in_content(srv, models):

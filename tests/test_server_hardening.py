@@ -277,7 +277,7 @@ def test_the_documented_error_table(models, monkeypatch):
         for bad in ({"prompt": "x", "temperature": -1}, {"prompt": "x", "n": 2}, {"prompt": "x", "stop": [""]},
                     {"prompt": [1, 10**9]}, {"prompt": "x", "frequency_penalty": 1}, {"prompt": "\ud800"}):
             check(post(s, "/v1/completions", json.dumps(bad), **auth), "invalid_value")
-        check(post(s, "/v1/completions", {"prompt": "x", "max_tokens": 5000}, **auth), "context_length_exceeded")
+        check(post(s, "/v1/completions", {"prompt": "x " * 2100, "max_tokens": 1}, **auth), "context_length_exceeded")
         check(post(s, "/v1/completions", "x" * (100 << 10), **auth), "request_too_large")
         check(post(s, "/v1/completions", {"prompt": "x"}), "invalid_api_key")
         check(post(s, "/v1/completions", {"prompt": "x", "grammar": "root ::= ("}, **auth), "invalid_constraint")

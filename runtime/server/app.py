@@ -10,8 +10,9 @@ Chat requests are read with Laguna's chat contract (:mod:`runtime.chat`): ``tool
 model's end-of-turn tokens.
 
 Every error is OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: a malformed
-body, an unknown field or a value out of range 400; a prompt that does not fit the context
-with its ``max_tokens`` 400 (``context_length_exceeded``); a wrong or missing API key 401; a
+body, an unknown field or a value out of range 400; a prompt that leaves no room in the context
+400 (``context_length_exceeded``; a ``max_tokens`` beyond the context generates until it is full
+and finishes with ``length``, as llama-server does); a wrong or missing API key 401; a
 full queue 503. Responses carry ``usage`` and a llama-server style ``timings`` object with the
 speculative statistics (drafted, accepted, accepted per round, acceptance by position).
 
@@ -42,7 +43,7 @@ from ...convert.errors import UserError
 from .. import template_limits
 from ..chat_template import TEMPLATE_KEY, ChatTemplate
 from ..conversation import ChatTurn, end_of_turn_tokens, finish_reason, merge_template_kwargs, response_message
-from ..request import CONTEXT_MARGIN, GenerateOptions, RequestError, check_context, context_room, sampling_params
+from ..request import CONTEXT_MARGIN, GenerateOptions, RequestError, context_room, fit_to_context, sampling_params
 from .guards import BodyLimitMiddleware, PreparePool, default_max_body_bytes, lone_surrogate
 from .pool import BackendLost, Job, PoolClosed, QueueFull, SlotPool
 from .schemas import (ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
@@ -246,9 +247,8 @@ class Server:
             tokens, turn = self._prompt_tokens(body)
             options.constraint = self._constraint(body, turn)
             if max_tokens is None:
-                max_tokens = max(0, context_room(len(tokens), self.n_ctx)) if chat else COMPLETION_MAX_TOKENS
-            options.n_predict = max_tokens
-            check_context(len(tokens), max_tokens, self.n_ctx)
+                max_tokens = context_room(len(tokens), self.n_ctx) if chat else COMPLETION_MAX_TOKENS
+            options.n_predict = fit_to_context(len(tokens), max_tokens, self.n_ctx)
             if chat:  # a reply read for reasoning and tool calls: specials as text, ended at the end of turn
                 options.end_tokens, options.special_text = self.end_tokens, True
         except RequestError as e:
