@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 from gguf import LlamaFileType
@@ -16,6 +16,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
                            TransferSpeedColumn)
 from rich.table import Table
 
+from .command_line import App, argument, flag, run, switch
 from .gguf import keys as K
 from .converter import Summary, check_output_path, prepare, write_job
 from .drafter_info import layout_problems, pairing_problems, read_drafter_gguf
@@ -26,7 +27,7 @@ from .quantize import OutType
 from .target import TargetInfo, read_target
 from .writer import TensorSpec, Terminated, check_metadata, sigterm_raises
 
-app = typer.Typer(
+app = App(
     name="laguna-gguf",
     help=(
         "Convert a Laguna DFlash speculative drafter (Hugging Face safetensors) into the GGUF layout "
@@ -36,28 +37,12 @@ app = typer.Typer(
         "target: the pair must agree on layer count, hidden size and vocabulary."
     ),
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 
 out_console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _user_errors(fn: F) -> F:
-    """Turn a UserError into ``error: <one line>`` on stderr and exit code 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except UserError as e:
-            typer.echo("error: " + " ".join(str(e).split("\n")), err=True)
-            raise typer.Exit(USER_ERROR_EXIT) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 #: Exit codes of a command stopped by a signal: 128 + the signal number, as a shell reports it.
@@ -98,7 +83,7 @@ def _load_target(path: Path, quiet: bool) -> TargetInfo:
 
 
 @app.command("convert", help=(
-    "Convert a Laguna DFlash drafter to GGUF (architecture dflash-draft, the SPEC §5a layout).\n\n"
+    "Convert a Laguna DFlash drafter to GGUF (architecture dflash-draft, the layout ik_llama.cpp loads).\n\n"
     "Every rule of the drafter contract is checked first: config fields, exact tensor names and shapes, "
     "the pairing with TARGET. A violation stops with exit code 2 and one line naming the file, the field "
     "or tensor, the expected and the found value; no output file is left behind. Tensors are then read, "
@@ -109,38 +94,37 @@ def _load_target(path: Path, quiet: bool) -> TargetInfo:
     "  laguna-gguf convert ./drafter --target ./Laguna-XS-2.1 --outtype bf16   # HF target directory"
 ))
 @_interruptible
-@_user_errors
 def convert_cmd(
-    drafter_dir: Path = typer.Argument(
-        ..., metavar="DRAFTER_DIR", show_default=False,
-        help="The drafter's HF directory (or a drafter GGUF in Poolside's own layout, SPEC §5b): "
-             "config.json plus model.safetensors or a sharded "
+    drafter_dir: Annotated[Path, argument(
+        "DRAFTER_DIR",
+        help="The drafter's HF directory (or a drafter GGUF in Poolside's own layout, mainline llama.cpp's "
+             "dflash architecture): config.json plus model.safetensors or a sharded "
              "model.safetensors.index.json (a leading 'model.', split q/k/v_proj and layers numbered "
-             "after the target's are all accepted)."),
-    target: Path = typer.Option(
-        ..., "--target", "-t", metavar="TARGET", show_default=False,
+             "after the target's are all accepted).")],
+    target: Annotated[Path, flag(
+        "--target", "-t", metavar="TARGET", show_default=False,
         help="The target model: its .gguf file, or its HF directory (then llama.cpp's convert_hf_to_gguf.py "
              "--vocab-only reads the tokenizer; set LAGUNA_LLAMA_CPP_DIR if it is not found). The tokenizer "
-             "is copied from it, and the pair is checked: layer count, hidden size, vocabulary."),
-    outfile: Path | None = typer.Option(
-        None, "--outfile", "-o", metavar="OUT.gguf", show_default=False,
+             "is copied from it, and the pair is checked: layer count, hidden size, vocabulary.")],
+    outfile: Annotated[Optional[Path], flag(
+        "--outfile", "-o", metavar="OUT.gguf", show_default=False,
         help="Output file (default: ./<DRAFTER_DIR name>-<outtype>.gguf). Written under a temporary name "
-             "and renamed when complete, so a failed run leaves nothing behind."),
-    outtype_name: str = typer.Option(
-        OutType.Q8_0.value, "--outtype", metavar="|".join(t.value for t in OutType),
+             "and renamed when complete, so a failed run leaves nothing behind.")] = None,
+    outtype_name: Annotated[str, flag(
+        "--outtype", metavar="|".join(t.value for t in OutType),
         help="Type of the weight matrices (norm vectors always stay F32). q8_0 is about half the size of "
              "bf16 and what drafters usually run in; bf16 keeps the checkpoint's exact values. q6_k, q5_k_m, "
              "q4_k_m and q4_0 are made by llama.cpp's own quantiser from a lossless intermediate file "
              "written next to the output (its per-tensor mix; rows that are not a multiple of 256 values "
-             "fall back to a 32-value block type): see docs/results/lowbit/README.md."),
-    source_repo: str | None = typer.Option(
-        None, "--source-repo", metavar="ORG/NAME",
+             "fall back to a 32-value block type): see docs/results/lowbit/README.md.")] = OutType.Q8_0.value,
+    source_repo: Annotated[Optional[str], flag(
+        "--source-repo", metavar="ORG/NAME",
         help="The Hugging Face repository the drafter comes from, recorded as "
              "general.source.huggingface.repository (default: config.json's _name_or_path when it "
-             "looks like ORG/NAME)."),
-    name: str | None = typer.Option(
-        None, "--name", help="general.name of the output (default: the repository or directory name)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
+             "looks like ORG/NAME).")] = None,
+    name: Annotated[Optional[str], flag(
+        "--name", help="general.name of the output (default: the repository or directory name).")] = None,
+    quiet: Annotated[bool, switch("--quiet", "-q", help="No progress bar and no summary.")] = False,
 ) -> None:
     t0 = time.perf_counter()
     outtype = OutType.parse(outtype_name)
@@ -148,7 +132,7 @@ def convert_cmd(
     out = outfile or Path(f"{stem}-{outtype.value}.gguf")
     check_output_path(out, target=target)  # before reading the target (slow for an HF directory)
     tgt = _load_target(target, quiet)
-    # a file is a drafter GGUF in Poolside's own layout (SPEC §5b), rewritten into ours
+    # a file is a drafter GGUF in Poolside's own layout, rewritten into ours
     job = (prepare_poolside if drafter_dir.is_file() else prepare)(drafter_dir, tgt, outtype, name=name,
                                                                    source_repo=source_repo)
     check_output_path(out, job.inputs, target=tgt.source)  # job.write checks again; these fail before
@@ -204,14 +188,13 @@ def _print_summary(s: Summary, wall: float) -> None:
     "  laguna-gguf inspect xs-dflash-q8_0.gguf\n\n"
     "  laguna-gguf inspect xs-dflash-q8_0.gguf --target Laguna-XS-2.1-Q4_K_M.gguf"
 ))
-@_user_errors
 def inspect_cmd(
-    file: Path = typer.Argument(..., metavar="FILE.gguf", show_default=False,
-                                help="A drafter GGUF written by `laguna-gguf convert`."),
-    target: Path | None = typer.Option(
-        None, "--target", "-t", metavar="TARGET",
+    file: Annotated[Path, argument("FILE.gguf", help="A drafter GGUF written by `laguna-gguf convert` "
+                                                     "(or one in Poolside's own layout).")],
+    target: Annotated[Optional[Path], flag(
+        "--target", "-t", metavar="TARGET",
         help="Also check that the drafter pairs with this target (.gguf or HF directory): layer ids within "
-             "its layers, same hidden size, same vocabulary token for token. Exit code 2 when it does not."),
+             "its layers, same hidden size, same vocabulary token for token. Exit code 2 when it does not.")] = None,
 ) -> None:
     if not file.is_file():
         raise UserError(f"{file}: not found")
@@ -256,7 +239,7 @@ def inspect_cmd(
         typer.echo(f"error: {p}", err=True)
     if problems:
         raise typer.Exit(USER_ERROR_EXIT)
-    out_console.print("layout: complete dflash-draft (SPEC §5a)")
+    out_console.print("layout: complete dflash-draft (the layout laguna-gguf convert writes)")
     if target is None:
         return
     tgt = read_target(target)
@@ -276,9 +259,12 @@ def _file_type_name(v: object) -> str:
         return str(v)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     """Console-script entry point (``laguna-gguf``)."""
-    app(prog_name="laguna-gguf")
+    code = run(app, sys.argv[1:] if argv is None else argv, "laguna-gguf")
+    if argv is None:
+        sys.exit(code)
+    return code
 
 
 try:

@@ -123,7 +123,7 @@ def layout_problems(info: DrafterInfo) -> list[ContractError]:
     out = []
     cfg = info.config()
     if cfg is None:
-        out.append(ContractError(p, f"{ARCH}.*", "the size keys of SPEC §5a", "some missing"))
+        out.append(ContractError(p, f"{ARCH}.*", "every size key of the dflash-draft layout", "some missing"))
         return out
     n_feat = info.int(K.N_TARGET_FEATURES)
     if n_feat != cfg.n_target_features:

@@ -615,8 +615,8 @@ def print_inspection(path: Path, target_path: Path | None, console: Any) -> None
     ]:
         table.add_row(k, str(v))
     console.print(table)
-    console.print("layout: Poolside's dflash layout (SPEC §5b), complete; laguna-run -md converts it once into "
-                  f"{ARCH} (SPEC §5a), `laguna-gguf convert FILE.gguf --target T -o OUT` rewrites it",
+    console.print("layout: Poolside's dflash layout (mainline llama.cpp's architecture), complete; laguna-run -md "
+                  f"converts it once into {ARCH}, `laguna-gguf convert FILE.gguf --target T -o OUT` rewrites it",
                   soft_wrap=True)
     if target is not None:
         console.print(f"pairs with target {target.name} ({target.n_layer} layers, hidden {target.hidden_size}, "

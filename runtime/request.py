@@ -5,6 +5,7 @@
     check_context(len(prompt_tokens), opts.n_predict, engine.limits.n_ctx)
 
 Every rule has one validator here; each raises :class:`RequestError` naming the request field.
+A field's range is declared with its flag and JSON name in runtime/params.py.
 Front ends name the field their own way: the CLI by its flag (one line, exit code 2), the
 server by its JSON parameter (a 400 with ``param`` and ``code``). The engine calls the same
 validators on what it is given, so the Python API gets the same errors. A new request field
@@ -19,13 +20,12 @@ from dataclasses import dataclass, field
 from numbers import Integral
 
 from .errors import RequestError
-from .sampling import SamplingError, SamplingParams
+from .params import MAX_STOPS, REQUEST
+from .sampling import SamplingParams
 from .tuner import DepthPolicy
 
 #: a prompt plus its n_predict must leave this many cells of the context free
 CONTEXT_MARGIN = 16
-#: stop strings per request (OpenAI allows 4; llama-server any number)
-MAX_STOPS = 16
 
 
 @dataclass(frozen=True)
@@ -43,25 +43,14 @@ class PairLimits:
 
 
 def check_n_predict(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
-        raise RequestError("n_predict", "an integer >= 0", value)
-    return int(value)
+    return REQUEST["n_predict"].check(value)
 
 
 def parse_n_max(value: object) -> int | str | DepthPolicy:
     """The depth's form: an integer >= 0 (also as text, as a flag gives it), 'auto', or a policy."""
-    if isinstance(value, DepthPolicy) or value == "auto":
+    if isinstance(value, DepthPolicy):
         return value
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise RequestError("n_max", "an integer >= 0 or 'auto'", value) from None
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise RequestError("n_max", "an integer >= 0 or 'auto'", value)
-    if value < 0:
-        raise RequestError("n_max", ">= 0 or 'auto'", int(value))
-    return int(value)
+    return REQUEST["n_max"].check(value)
 
 
 def verify_rows(depth: int | str, max_draft: int) -> int:
@@ -76,14 +65,14 @@ def check_n_max(depth: int | str | DepthPolicy, limits: PairLimits) -> None:
     if depth != "auto":
         if not limits.has_drafter and depth > 0:
             raise RequestError("n_max", "0 or 'auto' (no drafter was given)", depth)
-        if depth > limits.max_draft and limits.has_drafter:
-            raise RequestError("n_max", f"0..{limits.max_draft} (the drafter's block_size - 1) or 'auto'", depth)
+        if limits.has_drafter:
+            REQUEST["n_max"].but(note="(the drafter's block_size - 1)").check(depth, hi=limits.max_draft)
     if not limits.has_drafter:
         return
     rows = verify_rows(depth, limits.max_draft)
     if limits.n_batch < rows:
         # -b is the pair's setting, not the request's: the CLI names its flag, the server n_max
-        raise RequestError("n_batch", f">= {rows} (a verify pass at depth {depth} is {rows} rows: the bonus "
+        raise RequestError("batch_size", f">= {rows} (a verify pass at depth {depth} is {rows} rows: the bonus "
                                       f"token and up to {rows - 1} drafts)", limits.n_batch)
 
 
@@ -117,18 +106,6 @@ def check_constraint(value: object):
     if not getattr(value, "is_output_constraint", False):
         raise RequestError("constraint", "a runtime.constraint.Constraint", type(value).__name__)
     return value
-
-
-def sampling_params(**values) -> SamplingParams:
-    """SamplingParams from request values (their ranges live in SamplingParams.validate);
-    a seed of -1 is llama.cpp's "a random seed"."""
-    if values.get("seed") == -1:
-        values["seed"] = None
-    try:
-        return SamplingParams(**values)
-    except SamplingError as e:
-        expected = e.expected + (" or -1 (a random one)" if e.field == "seed" else "")
-        raise RequestError(e.field, expected, e.found) from None
 
 
 def context_room(n_prompt: int, n_ctx: int) -> int:

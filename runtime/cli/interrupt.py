@@ -5,9 +5,9 @@ from __future__ import annotations
 import signal
 import threading
 
+from ...convert.command_line import Interrupted
 
-class Interrupted(Exception):
-    """Ctrl-C ended the work; what was done has been reported. Exit code 130."""
+__all__ = ["CtrlC", "Interrupted"]
 
 
 class CtrlC:

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
-import typer
 from rich.table import Table
 
 from ...convert.errors import UserError
@@ -19,8 +18,10 @@ from ..prompt_bound import check_prompt_length
 from .interrupt import CtrlC, Interrupted
 from .chat import ChatTemplateFileOpt, ChatTemplateKwargsOpt, SystemOpt, ThinkOpt, chat_once, chat_template, \
     read_template_file, run_conversation, template_kwargs
-from .options import Command, switch, NMaxOpt, PairFlags, RpcFailed, engine_config, err, open_engine, pair_flags, \
-    pair_inputs, request_options
+from ...convert.command_line import App, flag, switch
+from ..params import REQUEST
+from .options import NMaxOpt, PairFlags, RpcFailed, engine_config, err, open_engine, pair_flags, pair_inputs, \
+    request_options, sampling_flags
 
 SUBCOMMANDS = """Commands (the first argument; run is the default):
 
@@ -29,7 +30,7 @@ SUBCOMMANDS = """Commands (the first argument; run is the default):
   bench  tokens/s of plain decoding and each draft depth: laguna-run bench --help
   serve  the OpenAI-compatible HTTP server: laguna-run serve --help"""
 
-run_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
+run_app = App()
 
 
 def _constraint(grammar, grammar_file, json_schema, json_schema_file):
@@ -67,12 +68,13 @@ def stats_table(stats, title: str = "laguna-run") -> Table:
     return t
 
 
-@run_app.command(cls=Command, epilog=SUBCOMMANDS.replace("\n", "\n\n"))
+@run_app.command(epilog=SUBCOMMANDS.replace("\n", "\n\n"))
 @pair_flags
+@sampling_flags
 def run(
-    prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="Prompt text.")] = None,
-    file: Annotated[Optional[Path], typer.Option("-f", "--file", help="Read the prompt from a file ('-': standard input).")] = None,
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate.")] = 128,
+    prompt: REQUEST["prompt"].annotated() = None,
+    file: Annotated[Optional[Path], flag("-f", "--file", help="Read the prompt from a file ('-': standard input).")] = None,
+    n_predict: REQUEST["n_predict"].annotated() = REQUEST["n_predict"].default,
     n_max: NMaxOpt = None,
     chat: Annotated[bool, switch("--chat", help=(
         "Wrap the prompt in the chat template and read the reply as Laguna writes it: reasoning (on stderr) "
@@ -84,23 +86,18 @@ def run(
     chat_template_file: ChatTemplateFileOpt = None,
     chat_template_kwargs: ChatTemplateKwargsOpt = None,
     think: ThinkOpt = None,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy (exact: same tokens as plain decoding).")] = 0.0,
-    top_k: Annotated[int, typer.Option("--top-k")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p")] = 0.05,
-    repeat_penalty: Annotated[float, typer.Option("--repeat-penalty")] = 1.0,
-    seed: Annotated[Optional[int], typer.Option("--seed", "-s", help="RNG seed for sampling (-1: a random one).")] = None,
-    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    stop: REQUEST["stop"].annotated() = None,
     json_out: Annotated[bool, switch("--json", help=(
         "Print one JSON object (text, the chat message with reasoning and tool calls, stats) instead of "
         "streaming; with -cnv one per turn."))] = False,
-    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write one JSON line per round to this file.")] = None,
-    grammar: Annotated[Optional[str], typer.Option("--grammar", help="Constrain the output to this GBNF grammar (or Lark, llguidance's dialect).")] = None,
-    grammar_file: Annotated[Optional[Path], typer.Option("--grammar-file", help="... read from a file.")] = None,
-    json_schema: Annotated[Optional[str], typer.Option("-j", "--json-schema", help="Constrain the output to JSON valid under this schema.")] = None,
-    json_schema_file: Annotated[Optional[Path], typer.Option("-jf", "--json-schema-file", help="... read from a file.")] = None,
+    trace: Annotated[Optional[Path], flag("--trace", help="Write one JSON line per round to this file.")] = None,
+    grammar: Annotated[Optional[str], flag("--grammar", help="Constrain the output to this GBNF grammar (or Lark, llguidance's dialect).")] = None,
+    grammar_file: Annotated[Optional[Path], flag("--grammar-file", help="... read from a file.")] = None,
+    json_schema: Annotated[Optional[str], flag("-j", "--json-schema", help="Constrain the output to JSON valid under this schema.")] = None,
+    json_schema_file: Annotated[Optional[Path], flag("-jf", "--json-schema-file", help="... read from a file.")] = None,
     *,
     flags: PairFlags,
+    sampling: dict,
 ) -> None:
     """Generate text from a Laguna target, drafting with its DFlash drafter.
 
@@ -109,8 +106,6 @@ def run(
     """
     # every flag is checked before anything is read or loaded
     request = dict(n_predict=n_predict, stop=tuple(stop or ()))
-    sampling = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-                    seed=seed)
     flags.check()
     request_options([0 if n_max is None else n_max], sampling=dict(sampling), **request)  # before the pair
     chat = chat or conversation

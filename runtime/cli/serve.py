@@ -12,22 +12,19 @@ from typing import Annotated, Optional
 
 import typer
 
+from ...convert.command_line import App, flag
 from ...convert.errors import UserError
 
-from .. import assets
 from ..cores import threads_for_run
+from ..params import PAIR, SERVER
 from ..server.guards import exposure_problem
 from .chat import ChatTemplateFileOpt, ChatTemplateKwargsOpt, read_template_file, template_kwargs
-from .options import (Command, ExposeOpt, MaxBodyBytesOpt, NMaxOpt, PairFlags, ShutdownTimeoutOpt, check_range,
-                      engine_config, pair_flags, request_options, switch)
+from .options import NMaxOpt, PairFlags, check_flags, engine_config, pair_flags, request_options
 
-ThreadsPerSlotOpt = Annotated[int, typer.Option("-t", "--threads", help=(
-    "CPU threads per slot (0: the cores free when the server starts, divided among the slots)."))]
+ThreadsPerSlotOpt = PAIR["threads"].annotated(help=(
+    "CPU threads per slot (0: the cores free when the server starts, divided among the slots)."))
 
-serve_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="rich")
-
-#: more slots than this on one machine is a typo (each holds its own contexts)
-MAX_PARALLEL = 256
+serve_app = App()
 
 
 def _need_server_extra() -> None:
@@ -59,40 +56,34 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-@serve_app.command(cls=Command)
+@serve_app.command()
 @pair_flags(threads=ThreadsPerSlotOpt)
 def serve(
-    host: Annotated[str, typer.Option("--host", help="Address to listen on (127.0.0.1: this machine only).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port (0: any free one, printed at start).")] = 8080,
+    host: SERVER["host"].annotated() = SERVER["host"].default,
+    port: SERVER["port"].annotated() = SERVER["port"].default,
     n_max: NMaxOpt = None,
-    parallel: Annotated[int, typer.Option("--parallel", "-np", help="Engine slots: sequences generated at once, each with its own contexts over the one loaded pair.")] = 1,
-    max_queue: Annotated[int, typer.Option("--max-queue", help="Requests that may wait for a slot (first in, first out); one more gets 503.")] = 16,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="LAGUNA_API_KEY", show_envvar=True, help="Require Authorization: Bearer KEY on every endpoint but /health.")] = None,
-    alias: Annotated[Optional[str], typer.Option("--alias", "-a", help="Model id served by /v1/models (default: the target file's name).")] = None,
+    parallel: SERVER["parallel"].annotated() = SERVER["parallel"].default,
+    max_queue: SERVER["max_queue"].annotated() = SERVER["max_queue"].default,
+    api_key: Annotated[Optional[str], flag("--api-key", envvar="LAGUNA_API_KEY", show_envvar=True, help="Require Authorization: Bearer KEY on every endpoint but /health.")] = None,
+    alias: Annotated[Optional[str], flag("--alias", "-a", help="Model id served by /v1/models (default: the target file's name).")] = None,
     chat_template_file: ChatTemplateFileOpt = None,
     chat_template_kwargs: ChatTemplateKwargsOpt = None,
-    no_prompt_cache: Annotated[bool, switch("--no-prompt-cache", help="Prefill every prompt from scratch (no reuse of the last sequence's caches).")] = False,
-    max_body_bytes: MaxBodyBytesOpt = None,
-    shutdown_timeout: ShutdownTimeoutOpt = 30.0,
-    expose: ExposeOpt = False,
+    no_prompt_cache: SERVER["no_prompt_cache"].annotated() = False,
+    max_body_bytes: SERVER["max_body_bytes"].annotated() = None,
+    shutdown_timeout: SERVER["shutdown_timeout"].annotated() = SERVER["shutdown_timeout"].default,
+    expose: SERVER["expose"].annotated() = False,
     *,
     flags: PairFlags,
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /health and
     /metrics, drafting every request with the DFlash drafter."""
     _need_server_extra()
-    check_range("--port", port, 0, 65535)
-    check_range("--parallel", parallel, 1, MAX_PARALLEL)
-    check_range("--max-queue", max_queue, 0)
+    check_flags(SERVER, locals())  # the arguments, by name
     flags.check()
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key, found ''")
     if alias is not None and not alias.strip():
         raise UserError("--alias: expected a non-empty model id, found ''")
-    if max_body_bytes is not None:
-        check_range("--max-body-bytes", max_body_bytes, 1024)
-    if not 0 <= shutdown_timeout <= 24 * 3600:
-        raise UserError(f"--shutdown-timeout: expected seconds in 0..86400, found {shutdown_timeout}")
     refusal, warning = exposure_problem(host, api_key, expose)
     if refusal:
         raise UserError(refusal)

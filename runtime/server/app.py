@@ -43,14 +43,14 @@ from ...convert.errors import UserError
 from .. import template_limits
 from ..chat_template import TEMPLATE_KEY, ChatTemplate
 from ..conversation import ChatTurn, end_of_turn_tokens, finish_reason, merge_template_kwargs, response_message
-from ..request import CONTEXT_MARGIN, GenerateOptions, RequestError, context_room, fit_to_context, sampling_params
+from ..params import MAX_TOKENS, SAMPLING, json_of
+from ..request import CONTEXT_MARGIN, GenerateOptions, RequestError, context_room, fit_to_context
+from ..sampling import SamplingParams
 from .guards import BodyLimitMiddleware, PreparePool, default_max_body_bytes, lone_surrogate
 from .pool import BackendLost, Job, PoolClosed, QueueFull, SlotPool
 from .schemas import (ApplyTemplateRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                       GenerationFields, NamedToolChoice, TokenizeRequest)
 
-#: request fields whose JSON parameter has another name; -b is the server's, so n_max is at fault
-PARAMS = {"n_predict": "max_tokens", "n_batch": "n_max"}
 #: OpenAI's default max_tokens of /v1/completions
 COMPLETION_MAX_TOKENS = 16
 PUBLIC_PATHS = frozenset({"/health"})
@@ -238,9 +238,10 @@ class Server:
         max_tokens = (body.max_completion_tokens if chat and body.max_completion_tokens is not None
                       else body.max_tokens)
         try:
-            sampling = sampling_params(**{k: getattr(body, k) for k in (
-                "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
-                if getattr(body, k) is not None})
+            if max_tokens is not None:
+                MAX_TOKENS.check(max_tokens)
+            sampling = SamplingParams(**{k: getattr(body, k) for k in SAMPLING.fields()
+                                         if getattr(body, k) is not None})
             options = GenerateOptions(n_predict=max_tokens or 0,
                                       n_max=body.n_max if body.n_max is not None else self.settings.n_max,
                                       sampling=sampling, stop=body.stop or ()).check_limits(self.limits)
@@ -436,7 +437,9 @@ class Server:
 def request_error(e: RequestError, body, chat: bool) -> ApiError:
     """A 400 naming the JSON parameter; a prompt too long for the context blames max_tokens when
     the client set it, else the prompt."""
-    param = PARAMS.get(e.field, e.field)
+    param = json_of(e.field)
+    if param == "max_tokens" and chat and body.max_completion_tokens is not None:
+        param = "max_completion_tokens"
     if e.code == "context_length_exceeded" or e.field == "prompt":
         given = body.max_tokens is not None or (chat and body.max_completion_tokens is not None)
         if e.field == "prompt" or not given:

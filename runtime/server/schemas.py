@@ -98,7 +98,7 @@ class NamedToolChoice(Strict):
 
 class GenerationFields(Strict):
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = None  # its range: runtime/params.py's MAX_TOKENS
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -126,7 +126,7 @@ class CompletionRequest(GenerationFields):
 
 class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
