@@ -20,10 +20,10 @@ demo-agent: setup
 	scripts/demo_agent.sh
 
 wheel-cuda:
-	.venv/bin/python scripts/build_wheel.py --cuda --no-install
+	.venv/bin/laguna-run setup --cuda --no-install
 
 ## Compile-only check of the CUDA build (no GPU needed; cached): run it after changing patches/,
-## the build flags or scripts/build_wheel.py.
+## the build flags or runtime/setup/wheel.py.
 check-cuda-build: setup
 	.venv/bin/python scripts/gpu/check_cuda_build.py
 

@@ -297,6 +297,11 @@ def llama_quantize(src: Path, dst: Path, outtype: OutType, n_threads: int = 0) -
     """
     if not outtype.by_llama:
         raise ValueError(f"{outtype.value} is not made by llama.cpp's quantiser")
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise UserError(f"--outtype {outtype.value}: llama.cpp's quantiser comes with the patched llama-cpp-python, "
+                        "which is not installed: run `laguna-run setup`")
     src, dst = Path(src), Path(dst)
     partial = dst.with_name(f"{dst.name}.partial-{os.getpid()}")
     if partial.exists() or partial.is_symlink():

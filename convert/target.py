@@ -167,7 +167,7 @@ def find_llama_cpp_dir() -> Path:
     """The llama.cpp tree whose ``convert_hf_to_gguf.py`` reads HF tokenizers.
 
     ``$LAGUNA_LLAMA_CPP_DIR`` if set, else the newest patched source that
-    ``scripts/build_wheel.py`` unpacked under ``$LAGUNA_DFLASH_CACHE/src`` (default
+    ``laguna-run setup`` unpacked under ``$LAGUNA_DFLASH_CACHE/src`` (default
     ``~/.cache/laguna-dflash``).
     """
     explicit = os.environ.get(LLAMA_CPP_ENV)
@@ -182,7 +182,7 @@ def find_llama_cpp_dir() -> Path:
     if not found:
         raise UserError(
             f"cannot find llama.cpp's convert_hf_to_gguf.py (needed to read an HF target's tokenizer): "
-            f"set {LLAMA_CPP_ENV}, run `python scripts/build_wheel.py` (it unpacks one under {cache}/src), "
+            f"set {LLAMA_CPP_ENV}, run `laguna-run setup --source-dir` (it unpacks one under {cache}/src), "
             "or pass the target's .gguf instead")
     return max(found, key=lambda p: p.stat().st_mtime)
 

@@ -8,30 +8,45 @@ from __future__ import annotations
 
 import ctypes
 from functools import cache
+from types import ModuleType
+
+from ..convert.errors import UserError
 
 #: Must equal laguna_ext_abi_version() in the patched libllama (patches 0002 and 0003).
 EXPECTED_ABI = 2
 
+#: what every message about a missing or wrong llama-cpp-python tells the user to run
+SETUP = "laguna-run setup"
 
-class PatchedWheelMissing(RuntimeError):
-    """llama-cpp-python is not the patched build; the message says how to get it."""
+
+class PatchedWheelMissing(UserError):
+    """llama-cpp-python is missing or not the patched build; the message says how to get it."""
+
+
+def lowlevel() -> ModuleType:
+    """``llama_cpp.llama_cpp``, or a one-line error when llama-cpp-python is not installed."""
+    try:
+        import llama_cpp.llama_cpp as llama_cpp_lowlevel
+    except ImportError:
+        raise PatchedWheelMissing(f"llama-cpp-python is not installed: run `{SETUP}` to build (or reuse) "
+                                  "and install the patched wheel") from None
+    return llama_cpp_lowlevel
 
 
 @cache
 def lib() -> ctypes.CDLL:
-    import llama_cpp.llama_cpp as llama_cpp_lowlevel
-
+    llama_cpp_lowlevel = lowlevel()
     handle = llama_cpp_lowlevel._lib
     if not hasattr(handle, "laguna_ext_abi_version"):
         raise PatchedWheelMissing(
             f"llama-cpp-python {getattr(llama_cpp_lowlevel, '__version__', '?')} lacks the Laguna patches; "
-            "run `python scripts/build_wheel.py` (or `make setup`) to build and install the patched wheel"
+            f"run `{SETUP}` to build and install the patched wheel"
         )
     _declare(handle)
     abi = handle.laguna_ext_abi_version()
     if abi != EXPECTED_ABI:
         raise PatchedWheelMissing(
-            f"patched libllama has ABI {abi}, this runtime expects {EXPECTED_ABI}; rebuild with scripts/build_wheel.py"
+            f"patched libllama has ABI {abi}, this runtime expects {EXPECTED_ABI}; run `{SETUP}` to rebuild it"
         )
     return handle
 
@@ -51,7 +66,7 @@ def _declare(h: ctypes.CDLL) -> None:
     for name, (args, res) in sig.items():
         fn = getattr(h, name, None)
         if fn is None:
-            raise PatchedWheelMissing(f"patched libllama lacks {name}; rebuild with scripts/build_wheel.py")
+            raise PatchedWheelMissing(f"patched libllama lacks {name}; run `{SETUP}` to rebuild it")
         fn.argtypes = args
         fn.restype = res
 

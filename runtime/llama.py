@@ -21,11 +21,11 @@ from typing import Self
 
 import numpy as np
 
-import llama_cpp.llama_cpp as ll
-
 from ..convert.gguf.rules import checked_header
 
 from . import bindings
+
+ll = bindings.lowlevel()  # a one-line error, not an ImportError, when llama-cpp-python is missing
 from .cores import threads_for_run
 from .errors import ClosedError, LlamaError
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from ..convert.errors import UserError
 
+from .bindings import SETUP
+
 ALL_LAYERS = 999
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -46,7 +48,7 @@ def resolve(device: str = "auto", draft_device: str | None = None, n_gpu_layers:
     for flag, dev in (("--device", target), ("--draft-device", draft)):
         if dev == "cuda" and not has_gpu:
             raise UserError(f"{flag} cuda: this llama-cpp-python has no usable GPU "
-                            "(no CUDA device, or a CPU-only wheel: build with scripts/build_wheel.py --cuda)")
+                            f"(no CUDA device, or a CPU-only wheel: run `{SETUP} --cuda`)")
     if target == "cuda" and draft == "cpu" and not force:
         raise UserError("--draft-device cpu with the target on cuda: the drafter must sit where the target "
                         "sits (published runs lose at every depth, 0.63x-0.95x); pass --force-placement to insist")

@@ -27,6 +27,7 @@ from functools import cache
 
 from ..convert.errors import UserError
 
+from .bindings import SETUP
 from .errors import LlamaError
 
 #: llama.cpp's rpc-server port
@@ -193,11 +194,11 @@ def supported() -> bool:
 def _require() -> _Ggml:
     g = _ggml()
     if not g.reg:
-        raise UserError("--rpc: this llama-cpp-python was built without the RPC backend; rebuild the wheel with "
-                        "scripts/build_wheel.py (it passes -DGGML_RPC=ON)")
+        raise UserError(f"--rpc: this llama-cpp-python was built without the RPC backend; run `{SETUP}` "
+                        "to rebuild it (it passes -DGGML_RPC=ON)")
     if g.failures is None:
         raise UserError("--rpc: this llama-cpp-python's RPC client lacks patch 0022 (it would abort on a lost "
-                        "server); rebuild the wheel with scripts/build_wheel.py")
+                        f"server); run `{SETUP}` to rebuild it")
     return g
 
 

@@ -29,12 +29,12 @@ WARNING = ("laguna-rpc-server: WARNING: the RPC protocol has no authentication o
 
 
 def server_binary() -> Path:
-    import llama_cpp
+    from .bindings import SETUP, lowlevel
 
-    path = Path(llama_cpp.__file__).parent / "lib" / "ggml-rpc-server"
+    path = Path(lowlevel().__file__).parent / "lib" / "ggml-rpc-server"  # llama_cpp/llama_cpp.py
     if not path.is_file() or not os.access(path, os.X_OK):
         raise UserError(f"{path}: no rpc-server in this llama-cpp-python (a wheel built without -DGGML_RPC=ON); "
-                        "rebuild it with scripts/build_wheel.py")
+                        f"run `{SETUP}` to rebuild it")
     return path
 
 

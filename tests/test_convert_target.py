@@ -174,7 +174,7 @@ def test_hf_target_through_vendored_llama_cpp(tmp_path: Path, monkeypatch: pytes
     try:
         real = find_llama_cpp_dir()
     except UserError:
-        pytest.skip("no vendored llama.cpp (run scripts/build_wheel.py)")
+        pytest.skip("no vendored llama.cpp (run laguna-run setup --source-dir)")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     hf = tmp_path / "Tiny-Laguna-HF"

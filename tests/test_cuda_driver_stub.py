@@ -1,6 +1,6 @@
 """The CUDA wheel links where no driver is installed, executables included, and never loads the stub.
 
-scripts/build_wheel.py links ggml-cuda against a stub of the driver when the machine has none.
+``laguna-run setup --cuda`` (runtime/setup/wheel.py) links ggml-cuda against a stub of the driver when the machine has none.
 An executable linked against that library (the wheel's rpc-server) makes the linker look for the
 library's needs by soname, ``libcuda.so.1``; CMake also records the stub's directory in the
 library's RUNPATH. Both are reproduced here with a two-function ``cuda.h`` and ``cc``, in well
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import build_wheel as bw
+from laguna_dflash.runtime.setup import wheel as bw
 
 pytestmark = pytest.mark.skipif(not (shutil.which("cc") and shutil.which("readelf")), reason="needs cc and readelf")
 
@@ -34,7 +34,7 @@ def _cc(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def stub(tmp_path, monkeypatch) -> dict[str, str]:
-    """The stub build_wheel.py makes on a driverless machine, as the CMake definitions it returns."""
+    """The stub the build makes on a driverless machine, as the CMake definitions it returns."""
     cuda = tmp_path / "cuda"
     (cuda / "include").mkdir(parents=True)
     (cuda / "include" / "cuda.h").write_text(CUDA_H)
@@ -42,7 +42,7 @@ def stub(tmp_path, monkeypatch) -> dict[str, str]:
     monkeypatch.setenv("LAGUNA_DFLASH_CACHE", str(tmp_path / "cache"))
     flags = bw.driver_flags()
     if not flags:
-        pytest.skip("this machine has a driver (or the toolkit's stub): build_wheel.py makes no stub")
+        pytest.skip("this machine has a driver (or the toolkit's stub): the build makes no stub")
     return dict(f.removeprefix("-D").split("=", 1) for f in flags)
 
 

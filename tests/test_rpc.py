@@ -107,7 +107,7 @@ def local(pair):
 
 
 def test_the_wheel_has_the_rpc_backend_and_its_server():
-    assert rpc.supported(), "llama-cpp-python lacks the RPC backend or patch 0022: rebuild with build_wheel.py"
+    assert rpc.supported(), "llama-cpp-python lacks the RPC backend or patch 0022: run laguna-run setup"
     assert rpc.client_version()[0] >= 7
     from laguna_dflash.runtime.rpc_server import server_binary
 
@@ -320,7 +320,7 @@ def test_laguna_rpc_server_binds_loopback_unless_exposed(monkeypatch, capsys):
 
 
 def test_cpu_and_cuda_wheels_are_built_with_rpc_and_the_cache_key_covers_it(monkeypatch):
-    import build_wheel as bw
+    from laguna_dflash.runtime.setup import wheel as bw
 
     monkeypatch.setattr(bw, "cublas_flags", lambda: [])  # no toolkit probing or downloads here
     monkeypatch.setattr(bw, "driver_flags", lambda: [])

@@ -4,6 +4,7 @@
     laguna-run bench -m target.gguf -md drafter.gguf --prompts code.txt --n-max 1,2,4,8
     laguna-run serve -m target.gguf -md drafter.gguf --port 8080     (the OpenAI API: runtime/server)
     laguna-run chat -m target.gguf -md drafter.gguf --think          (a multi-turn chat, as llama-cli -cnv)
+    laguna-run setup [--cuda] [--check]       (the patched llama-cpp-python: build or reuse it, install it)
 
 The first argument picks the command (run when it is none of them); flag names follow llama.cpp
 wherever one exists. Every user mistake is one line on stderr and exit code 2.
@@ -23,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import bench_app
 
         code = run(bench_app, args[1:], "laguna-run bench")
+    elif args and args[0] == "setup":
+        from .setup import setup_app
+
+        code = run(setup_app, args[1:], "laguna-run setup")
     elif args and args[0] == "serve":
         from .serve import serve_app
 

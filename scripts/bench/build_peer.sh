@@ -106,7 +106,7 @@ build_vendored() {
     rm -rf "$root"
     mkdir -p "$root"
     local t0=$SECONDS
-    # the wheel's own flags (scripts/build_wheel.py: build_flags) plus the tools; llama-cli of this
+    # the wheel's own flags (runtime/setup/wheel.py: build_flags) plus the tools; llama-cli of this
     # llama.cpp is built on its server and web UI, so the plain generator is llama-completion
     cmake -S "$tree" -B "$root/build" -G Ninja \
         -DCMAKE_BUILD_TYPE=Release -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \

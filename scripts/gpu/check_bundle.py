@@ -27,8 +27,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: build_wheel.py, training/
-import build_wheel as bw  # noqa: E402
+from laguna_dflash.runtime.setup import wheel as bw
+
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: training/
 from training import tiny_target  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,15 +4,15 @@
     python scripts/gpu/check_cuda_build.py                 # sm_90 (the H200s this project is lent)
     python scripts/gpu/check_cuda_build.py --cuda-arch 89 --rebuild
 
-Compile only: ``scripts/build_wheel.py --cuda`` builds (or reuses) the wheel of the current
+Compile only: ``laguna-run setup --cuda`` builds (or reuses) the wheel of the current
 cache key, then the wheel is checked as a GPU machine will need it: its CUDA library needs
 ``libcuda.so.1`` (the driver, resolved where it loads), no RUNPATH of its files leads to the
 link-time driver stub, and it carries ``ggml-rpc-server`` and the RPC client library. A pass is
 recorded under ``$LAGUNA_DFLASH_CACHE/checks/``, keyed by the wheel's cache key (sdist, patches,
-flags) and this build script's content, so the check costs nothing until one of those changes.
+flags) and the build module's content (``laguna_dflash.runtime.setup.wheel``), so the check costs nothing until one of those changes.
 The compile takes 20-40 minutes on a 2-core machine; a wheel of the same key already in the
 cache is checked without recompiling (``--rebuild`` compiles it afresh, for a change to
-build_wheel.py's build steps that the key does not cover). Exit 0 on a pass, 1 otherwise.
+the build steps that the key does not cover). Exit 0 on a pass, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: build_wheel.py
-import build_wheel as bw  # noqa: E402
+from laguna_dflash.runtime.cli import main as laguna_run
+from laguna_dflash.runtime.setup import wheel as bw
 
 
 def stamp_path(key: str) -> Path:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[check_cuda_build] passed before for this key and build script: {stamp.read_text().strip()}")
             return 0
         build = ["--cuda", "--cuda-arch", args.cuda_arch, "--no-install", *(["--rebuild"] if args.rebuild else [])]
-        if bw.main(build) != 0:
+        if laguna_run(["setup", *build]) != 0:
             return 1
         wheel = sorted((bw.cache_root() / "wheels" / key).glob("*.whl"))[0]
         bw.check_rpc_server(wheel)

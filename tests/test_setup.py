@@ -1,0 +1,94 @@
+"""laguna-run setup: the wheel's cache key, the patch series found from the installed package, the
+--check report, and the one line every message about a missing patched wheel gives a user."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from laguna_dflash.runtime.cli import main
+from laguna_dflash.runtime.setup import report, wheel
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_patch_series_is_the_one_of_this_tree():
+    assert wheel.PATCH_DIR == REPO / "patches"
+    assert [p.name for p in wheel.series()] == [ln.strip() for ln in (REPO / "patches" / "series").read_text()
+                                                .splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_the_cache_key_follows_patch_content_order_and_flags(tmp_path):
+    a, b = tmp_path / "0001-a.patch", tmp_path / "0002-b.patch"
+    a.write_bytes(b"one\n")
+    b.write_bytes(b"two\n")
+    flags = wheel.build_flags(False, "native")
+    key = wheel.cache_key([a, b], flags)
+    assert re.fullmatch(r"[0-9a-f]{16}", key) and key == wheel.cache_key([a, b], list(flags))
+    assert wheel.cache_key([b, a], flags) != key
+    assert wheel.cache_key([a, b], flags + ["-DX=1"]) != key
+    b.write_bytes(b"two, changed\n")
+    assert wheel.cache_key([a, b], flags) != key
+    assert wheel.wheel_version(key) == f"0.3.36+laguna.{key[:10]}"
+
+
+def test_the_installed_wheel_is_this_trees_cpu_build():
+    """make setup-test installed it through laguna-run setup: its version names the key of these patches."""
+    assert wheel.installed_version() == wheel.plan().version
+
+
+def test_cpu_features_are_read_from_llama_cpp_system_info():
+    info = "CPU : SSE3 = 1 | AVX = 1 | AVX512 = 0 | OPENMP = 1 | "
+    assert report.cpu_features(info) == ["SSE3", "AVX", "OPENMP"]
+    assert report.cpu_features("no cpu section") == []
+
+
+def test_check_reports_the_patched_build_its_backends_and_cpu_features(capsys):
+    assert main(["setup", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert f"llama-cpp-python: {wheel.plan().version}, the CPU build of this install's patches" in out
+    assert "Laguna patches: present" in out
+    assert re.search(r"^backends: .*\bCPU\b", out, re.MULTILINE)
+    assert re.search(r"^CPU features: \w+", out, re.MULTILINE)
+
+
+def test_check_says_what_is_missing_and_exits_1(monkeypatch, capsys):
+    monkeypatch.setattr(wheel, "installed_version", lambda: None)
+    assert main(["setup", "--check"]) == 1
+    assert capsys.readouterr().out.strip() == "llama-cpp-python: not installed (run `laguna-run setup`)"
+
+
+def test_setup_reuses_the_cached_wheel_and_installs_nothing_when_it_is_installed(monkeypatch, capsys):
+    if wheel.plan().cached_wheel() is None:
+        pytest.skip("no cached wheel (this test never compiles llama.cpp)")
+    monkeypatch.setattr(wheel, "install", lambda path: pytest.fail("installed again"))
+    monkeypatch.setattr(wheel, "build", lambda *a, **k: pytest.fail("compiled"))
+    assert main(["setup", "--no-install"]) == 0
+    assert "reusing cached" in capsys.readouterr().err
+
+
+def test_without_llama_cpp_python_laguna_run_says_to_run_setup_in_one_line(tmp_path):
+    # a llama_cpp that cannot be imported stands first on the path
+    (tmp_path / "llama_cpp").mkdir()
+    (tmp_path / "llama_cpp" / "__init__.py").write_text("raise ImportError('no llama_cpp here')\n")
+    r = subprocess.run([sys.executable, "-c", "import sys; from laguna_dflash.runtime.cli import main; "
+                        "sys.exit(main(['-p', 'x', '-n', '1']))"], capture_output=True, text=True,
+                       env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["error: llama-cpp-python is not installed: run `laguna-run setup` to "
+                                             "build (or reuse) and install the patched wheel"]
+
+
+def test_no_message_names_the_build_script_or_make():
+    """A pip user has neither scripts/ nor the Makefile: every message names laguna-run setup."""
+    found = []
+    for folder in ("runtime", "convert"):
+        for f in (REPO / folder).rglob("*.py"):
+            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+                if re.search(r"build_wheel|make setup", line):
+                    found.append(f"{f.relative_to(REPO)}:{n}")
+    assert found == []
