@@ -21,8 +21,9 @@ def laguna_run_apps() -> dict:
     from laguna_dflash.runtime.cli.bench import bench_app
     from laguna_dflash.runtime.cli.run import run_app
     from laguna_dflash.runtime.cli.serve import serve_app
+    from laguna_dflash.runtime.cli.setup import setup_app
 
-    return {(): run_app, ("bench",): bench_app, ("serve",): serve_app}
+    return {(): run_app, ("bench",): bench_app, ("serve",): serve_app, ("setup",): setup_app}
 
 
 def every_command():
@@ -57,7 +58,7 @@ def test_every_option_has_a_help_line(program, words, command):
 
 def test_the_walk_sees_every_command():
     names = {" ".join([p, *w]) for p, w, _ in COMMANDS}
-    assert {"laguna-run", "laguna-run bench", "laguna-run serve", "laguna-gguf convert", "laguna-gguf inspect",
+    assert {"laguna-run", "laguna-run bench", "laguna-run serve", "laguna-run setup", "laguna-gguf convert", "laguna-gguf inspect",
             "laguna-rpc-server"} <= names
     assert any(p.name == "top_k" for _, w, c in COMMANDS if w == () for p in c.params)
 
