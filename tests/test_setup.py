@@ -92,3 +92,34 @@ def test_no_message_names_the_build_script_or_make():
                 if re.search(r"build_wheel|make setup", line):
                     found.append(f"{f.relative_to(REPO)}:{n}")
     assert found == []
+
+
+@pytest.mark.slow
+def test_a_build_streams_its_step_counters_to_the_progress_and_keeps_its_log(tmp_path, monkeypatch):
+    """The compile's own lines drive the progress display; a stand-in source tree prints ninja's
+    counters instead of compiling llama.cpp."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\nbuild-backend = '
+                                         '"setuptools.build_meta"\n[project]\nname = "standin"\nversion = "1"\n')
+    (tree / "setup.py").write_text("import sys\nfor i in (1, 2, 3):\n    print(f'[{i}/3] Building CXX object', "
+                                   "file=sys.stderr, flush=True)\nfrom setuptools import setup\nsetup(py_modules=[])\n")
+    monkeypatch.setattr(wheel, "check_rpc_server", lambda path: None)
+    monkeypatch.setattr(wheel, "log", lambda msg: None)
+    seen = []
+    built = wheel.build(tree, [], tmp_path / "wheels" / "k", cuda=False, progress=lambda d, t: seen.append((d, t)))
+    assert built.name.startswith("standin-1-") and built.parent == tmp_path / "wheels" / "k"
+    assert seen[-3:] == [(1, 3), (2, 3), (3, 3)]  # the last pass is the build (setuptools runs setup.py twice)
+    assert "[3/3] Building CXX object" in (built.parent / "build.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_failed_build_names_its_log_and_leaves_no_wheel(tmp_path, monkeypatch):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "setup.py").write_text("raise SystemExit('compiler exploded')\n")
+    monkeypatch.setattr(wheel, "log", lambda msg: None)
+    out = tmp_path / "wheels" / "k"
+    with pytest.raises(wheel.BuildError, match=r"wheel build failed \(full log: .*build\.log\)"):
+        wheel.build(tree, [], out, cuda=False)
+    assert not out.exists()
