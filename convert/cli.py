@@ -17,6 +17,7 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
 from rich.table import Table
 
 from .command_line import App, argument, flag, run, switch
+from .files import human_size
 from .gguf import keys as K
 from .converter import Summary, check_output_path, prepare, write_job
 from .drafter_info import layout_problems, pairing_problems, read_drafter_gguf
@@ -65,14 +66,6 @@ def _interruptible(fn: F) -> F:
             raise typer.Exit(SIGTERM_EXIT) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:,} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
 
 
 def _load_target(path: Path, quiet: bool) -> TargetInfo:
@@ -144,7 +137,7 @@ def convert_cmd(
             f"{cfg.num_attention_heads}/{cfg.num_key_value_heads} heads, target layers "
             f"{list(cfg.target_layer_ids)}\n"
             f"target  [bold]{tgt.name}[/]: {tgt.n_layer} layers, hidden {tgt.hidden_size}, vocab {tgt.vocab_size}\n"
-            f"writing [bold]{out}[/] ({outtype.value}, {len(job.specs)} tensors, {_fmt_bytes(job.total_bytes)}"
+            f"writing [bold]{out}[/] ({outtype.value}, {len(job.specs)} tensors, {human_size(job.total_bytes)}"
             f"{' before llama.cpp quantises them' if outtype.by_llama else ''})",
             soft_wrap=True)
         with Progress(TextColumn("{task.description:<28}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
@@ -171,11 +164,11 @@ def _print_summary(s: Summary, wall: float) -> None:
     table.add_column("tensors", justify="right")
     table.add_column("bytes", justify="right")
     for qtype, (n, b) in sorted(s.by_type.items()):
-        table.add_row(qtype, str(n), _fmt_bytes(b))
-    table.add_row("[bold]total[/]", str(s.n_tensors), _fmt_bytes(sum(b for _, b in s.by_type.values())))
+        table.add_row(qtype, str(n), human_size(b))
+    table.add_row("[bold]total[/]", str(s.n_tensors), human_size(sum(b for _, b in s.by_type.values())))
     out_console.print(f"wrote {s.out}", soft_wrap=True)
     out_console.print(table)
-    out_console.print(f"{s.n_tensors} tensors, {s.n_params:,} parameters, output {_fmt_bytes(s.file_size)} "
+    out_console.print(f"{s.n_tensors} tensors, {s.n_params:,} parameters, output {human_size(s.file_size)} "
                       f"({s.file_size:,} bytes), {wall:.1f} s", soft_wrap=True)
 
 

@@ -105,7 +105,7 @@ def read_drafter_gguf(path: Path) -> DrafterInfo:
     header = read_header(path)
     values = {k: _decode(v) for k, v in header.fields.items() if not k.startswith("tokenizer.")}
     tensors = {t.name: (t.shape, t.qtype, t.nbytes) for t in header.tensors}
-    tok = header.fields.get("tokenizer.ggml.tokens")
+    tok = header.fields.get(K.TOKENS)
     tokens = list(tok.value) if tok is not None and tok.sub_type == GGUFValueType.STRING else []
     return DrafterInfo(Path(path), header.arch, values, tensors, tokens, header)
 
@@ -114,7 +114,7 @@ def layout_problems(info: DrafterInfo) -> list[ContractError]:
     """Where the file departs from the SPEC §5a layout (architecture, key values, tensor names/shapes/types)."""
     p = info.path
     if info.architecture != ARCH:
-        return [ContractError(p, "general.architecture", f'"{ARCH}" (a Laguna DFlash drafter)', info.architecture)]
+        return [ContractError(p, K.GENERAL_ARCHITECTURE, f'"{ARCH}" (a Laguna DFlash drafter)', info.architecture)]
     if info.header is not None:
         # out-of-range values first, and alone: the layout is derived from them
         out = header_problems(info.header)

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .files import human_size
 from .gguf import keys as K
 from .errors import UserError
 
@@ -197,18 +198,6 @@ def parse_bench(data: Any, source: str) -> BenchResults:
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-def human_size(n_bytes: int) -> str:
-    """1536 -> '1.5 KiB'; sizes below 1 KiB stay in bytes."""
-    if n_bytes < 1024:
-        return f"{n_bytes} B"
-    value = float(n_bytes)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024.0
-        if value < 1024.0 or unit == "TiB":
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")
 
 
 def file_type_label(file_type: int | None) -> str | None:

@@ -33,6 +33,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
 from gguf.quants import dequantize
 
+from .files import sha256_file
 from .gguf import keys as K
 from .checkpoint import ARCHITECTURE, DEFAULT_CONTEXT_LENGTH, MODEL_TYPE, SLIDING, DrafterConfig, check_pair, parse_config
 from .converter import ARCH, PlannedOutput, Summary, check_output_path, drafter_metadata
@@ -111,8 +112,8 @@ _FIELD_KEYS = (
     ("num_key_value_heads", _key(K.HEAD_COUNT_KV)),
     ("head_dim", _key(K.KEY_LENGTH)),
     ("rms_norm_eps", _key(K.RMS_EPS)),
-    ("draft_vocab_size", "tokenizer.ggml.tokens"),
-    ("vocab_size", "tokenizer.ggml.tokens"),
+    ("draft_vocab_size", K.TOKENS),
+    ("vocab_size", K.TOKENS),
     ("sliding_windows", _key(K.SLIDING_WINDOW)),
     ("sliding_window", _key(K.SLIDING_WINDOW)),
     ("rope_theta", _key(K.ROPE_FREQ_BASE)),
@@ -174,7 +175,7 @@ def _values(reader: GGUFReader) -> tuple[dict[str, Any], dict[str, GGUFValueType
 
 
 def _tokens(reader: GGUFReader) -> list[bytes]:
-    f = reader.fields.get("tokenizer.ggml.tokens")
+    f = reader.fields.get(K.TOKENS)
     return [] if f is None else [bytes(f.parts[i]) for i in f.data]
 
 
@@ -297,10 +298,10 @@ def read_poolside(path: Path | str, target: TargetInfo | None = None) -> Poolsid
         raise UserError(f"{e} (a drafter is its HF directory, or a GGUF in Poolside's layout)") from None
     values, types = _values(reader)
     tensors = {t.name: t for t in reader.tensors}
-    arch = values.get("general.architecture")
+    arch = values.get(K.GENERAL_ARCHITECTURE)
     if arch != POOLSIDE_ARCH:
         found = f'"{arch}" (already this project\'s layout)' if arch == ARCH else repr(arch)
-        raise ContractError(path, "general.architecture", f'"{POOLSIDE_ARCH}" (Poolside\'s drafter layout)', found)
+        raise ContractError(path, K.GENERAL_ARCHITECTURE, f'"{POOLSIDE_ARCH}" (Poolside\'s drafter layout)', found)
     decoder = values.get(_key("decoder_arch"))
     if decoder != LAGUNA_DECODER and (decoder is not None or AUX_NORM not in tensors):
         found = "nothing (a generic DFlash drafter, not a Laguna one)" if decoder is None else repr(decoder)
@@ -318,9 +319,9 @@ def read_poolside(path: Path | str, target: TargetInfo | None = None) -> Poolsid
     tokens = _tokens(reader)
     vocab = values.get(_key(K.VOCAB_SIZE)) or len(tokens) or (target.vocab_size if target else None)
     if not vocab:
-        raise ContractError(path, "tokenizer.ggml.tokens", "the target's vocabulary (or give --target)", "none")
+        raise ContractError(path, K.TOKENS, "the target's vocabulary (or give --target)", "none")
     if tokens and len(tokens) != vocab:
-        raise ContractError(path, _key(K.VOCAB_SIZE), f"{len(tokens)} (tokens in tokenizer.ggml.tokens)", vocab)
+        raise ContractError(path, _key(K.VOCAB_SIZE), f"{len(tokens)} (tokens in {K.TOKENS})", vocab)
     raw = _hf_config(path, values, types, tensors, [t - 1 for t in stored],
                      target.n_layer if target else max(stored), vocab)
     try:
@@ -341,11 +342,11 @@ def _check_tokens(path: Path, tokens: list[bytes], target: TargetInfo) -> None:
         return  # nothing to compare: our output carries the target's tokenizer anyway
     want = target.tokens()
     if len(tokens) != len(want):
-        raise ContractError(path, "tokenizer.ggml.tokens", f"{len(want)} tokens (vocabulary of target {target.name})",
+        raise ContractError(path, K.TOKENS, f"{len(want)} tokens (vocabulary of target {target.name})",
                             f"{len(tokens)} tokens")
     diff = next((i for i, (x, y) in enumerate(zip(tokens, want, strict=True)) if x != y), None)
     if diff is not None:
-        raise ContractError(path, f"tokenizer.ggml.tokens[{diff}]", f"{want[diff]!r} (as in target {target.name})",
+        raise ContractError(path, f"{K.TOKENS}[{diff}]", f"{want[diff]!r} (as in target {target.name})",
                             repr(tokens[diff]))
 
 
@@ -533,14 +534,6 @@ def layout_version() -> str:
     return "l" + h.hexdigest()[:12]
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def target_fingerprint(target: TargetInfo) -> str:
     """What the rewrite copies from the target: its name, its layer count and its tokenizer."""
     h = hashlib.sha256(f"{target.name}\0{target.n_layer}\0{target.hidden_size}\0".encode())
@@ -555,7 +548,7 @@ def cached_path(path: Path, target: TargetInfo) -> Path:
     The target is part of the key because the rewrite carries the target's tokenizer and name
     (SPEC §5a), so one Poolside file paired with two targets gives two rewrites.
     """
-    return cache_root() / "drafters" / f"{file_sha256(path)}-{layout_version()}-{target_fingerprint(target)}.gguf"
+    return cache_root() / "drafters" / f"{sha256_file(path)}-{layout_version()}-{target_fingerprint(target)}.gguf"
 
 
 def native_drafter_path(path: Path | str, target: Path | str | TargetInfo) -> Path:

@@ -26,6 +26,7 @@ from .checkpoint import (ARCHITECTURE, DEFAULT_CONTEXT_LENGTH, MODEL_TYPE, SLIDI
                          parse_config)
 from .quantize import to_bf16_bits
 from .safetensors_io import PlannedTensor, write_streaming
+from .gguf import keys as K
 
 DType = Literal["bf16", "f16", "f32"]
 _ST_DTYPE = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
@@ -298,15 +299,15 @@ def write_target_gguf(
     merges = [f"t {i:x}" for i in range(len(SPECIAL_TOKENS), vocab_size)]
     w.add_key_value("tokenizer.ggml.model", "gpt2", GGUFValueType.STRING)
     w.add_key_value("tokenizer.ggml.pre", "laguna", GGUFValueType.STRING)
-    w.add_key_value("tokenizer.ggml.tokens", tokens, GGUFValueType.ARRAY, GGUFValueType.STRING)
-    w.add_key_value("tokenizer.ggml.token_type", types, GGUFValueType.ARRAY, GGUFValueType.INT32)
-    w.add_key_value("tokenizer.ggml.merges", merges, GGUFValueType.ARRAY, GGUFValueType.STRING)
+    w.add_key_value(K.TOKENS, tokens, GGUFValueType.ARRAY, GGUFValueType.STRING)
+    w.add_key_value(K.TOKEN_TYPES, types, GGUFValueType.ARRAY, GGUFValueType.INT32)
+    w.add_key_value(K.MERGES, merges, GGUFValueType.ARRAY, GGUFValueType.STRING)
     w.add_key_value("tokenizer.ggml.bos_token_id", 2, GGUFValueType.UINT32)
     w.add_key_value("tokenizer.ggml.eos_token_id", 2, GGUFValueType.UINT32)
     w.add_key_value("tokenizer.ggml.eot_token_id", 13, GGUFValueType.UINT32)
     w.add_key_value("tokenizer.ggml.padding_token_id", 0, GGUFValueType.UINT32)
     w.add_key_value("tokenizer.ggml.add_bos_token", False, GGUFValueType.BOOL)
-    w.add_key_value("tokenizer.chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}",
+    w.add_key_value(K.CHAT_TEMPLATE, "{% for m in messages %}{{ m.content }}{% endfor %}",
                     GGUFValueType.STRING)
     w.write_header_to_file()
     w.write_kv_data_to_file()

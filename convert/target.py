@@ -52,7 +52,7 @@ class TargetInfo:
     tokenizer: dict[str, KV] = field(default_factory=dict)  # every tokenizer.* key, with its exact type
 
     def tokens(self) -> list[bytes]:
-        kv = self.tokenizer.get("tokenizer.ggml.tokens")
+        kv = self.tokenizer.get(K.TOKENS)
         return [] if kv is None else [_as_bytes(t) for t in kv.value]
 
     def spec(self):
@@ -137,11 +137,11 @@ def read_target_gguf(path: Path) -> TargetInfo:
     # every value llama.cpp will read, in range (convert/gguf/rules.py), before anything else reads it
     check_header(read_header(path), require=False)
     reader = open_gguf(path)
-    arch = kv_text(field_kv(reader, "general.architecture"))
+    arch = kv_text(field_kv(reader, K.GENERAL_ARCHITECTURE))
     if not arch:
-        raise ContractError(path, "general.architecture", "a string naming the target architecture", "nothing")
+        raise ContractError(path, K.GENERAL_ARCHITECTURE, "a string naming the target architecture", "nothing")
     if arch in DRAFT_ARCHITECTURES:
-        raise ContractError(path, "general.architecture", "the target model (e.g. laguna)",
+        raise ContractError(path, K.GENERAL_ARCHITECTURE, "the target model (e.g. laguna)",
                             f"{arch!r}, a drafter")
 
     def need_int(key: str) -> int:
@@ -153,9 +153,9 @@ def read_target_gguf(path: Path) -> TargetInfo:
     n_layer = need_int(K.for_arch(arch, K.BLOCK_COUNT))
     hidden = need_int(K.for_arch(arch, K.EMBEDDING_LENGTH))
     tok = tokenizer_kvs(reader)
-    tokens = tok.get("tokenizer.ggml.tokens")
+    tokens = tok.get(K.TOKENS)
     if tokens is None or tokens.sub_type != GGUFValueType.STRING or not tokens.value:
-        raise ContractError(path, "tokenizer.ggml.tokens", "the target's vocabulary (array of strings)", "nothing")
+        raise ContractError(path, K.TOKENS, "the target's vocabulary (array of strings)", "nothing")
     name = kv_text(field_kv(reader, "general.name")) or path.stem
     return TargetInfo(path, name, arch, n_layer, hidden, len(tokens.value), tok)
 
@@ -231,7 +231,7 @@ def read_target_hf(hf_dir: Path, *, vocab_step: VocabStep | None = None) -> Targ
         tok = tokenizer_kvs(reader)
         name = kv_text(field_kv(reader, "general.name"))
         del reader  # release the memory map before the directory goes
-    tokens = tok.get("tokenizer.ggml.tokens")
+    tokens = tok.get(K.TOKENS)
     n_tokens = len(tokens.value) if tokens is not None else 0
     if n_tokens != vocab:
         raise ContractError(cfg_path, "vocab_size", f"{n_tokens} (tokens in the target's tokenizer)", vocab)

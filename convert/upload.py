@@ -12,7 +12,6 @@ handed to huggingface_hub and is scrubbed from every message we print.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -27,7 +26,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 
 from .gguf import keys as K
 from .errors import USER_ERROR_EXIT, UserError
-from .model_card import BenchResults, GGUFInfo, build_model_card, human_size, parse_bench
+from .files import human_size, sha256_file
+from .model_card import BenchResults, GGUFInfo, build_model_card, parse_bench
 
 if TYPE_CHECKING:  # pragma: no cover
     from huggingface_hub import CommitOperationAdd, HfApi
@@ -36,7 +36,6 @@ if TYPE_CHECKING:  # pragma: no cover
 CARD_NAME = "README.md"
 
 _GGUF_MAGIC = b"GGUF"
-_HASH_CHUNK = 8 << 20
 _REPO_PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?"
 _REPO_ID_RE = re.compile(rf"{_REPO_PART}/{_REPO_PART}")
 _MAX_MESSAGE = 300
@@ -174,9 +173,9 @@ def inspect_gguf(path: Path) -> GGUFInfo:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"{path}: not a readable GGUF file ({first[:_MAX_MESSAGE]})") from None
 
-    arch = _as_str(_field(reader, "general.architecture"))
+    arch = _as_str(_field(reader, K.GENERAL_ARCHITECTURE))
     if arch is None:
-        raise UserError(f"{path}: general.architecture: expected a string, found nothing")
+        raise UserError(f"{path}: {K.GENERAL_ARCHITECTURE}: expected a string, found nothing")
     counts: Counter[str] = Counter()
     weights: Counter[str] = Counter()
     for t in reader.tensors:
@@ -216,15 +215,12 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     )
 
 
-def sha256_file(path: Path, progress: Progress | None = None) -> str:
-    digest = hashlib.sha256()
-    task = progress.add_task(f"sha256 {path.name}", total=path.stat().st_size) if progress else None
-    with path.open("rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-            if progress is not None and task is not None:
-                progress.advance(task, len(chunk))
-    return digest.hexdigest()
+def _sha256_shown(path: Path, progress: Progress | None) -> str:
+    """The file's sha256, with a progress bar when there is a ``progress``."""
+    if progress is None:
+        return sha256_file(path)
+    task = progress.add_task(f"sha256 {path.name}", total=path.stat().st_size)
+    return sha256_file(path, lambda n: progress.advance(task, n))
 
 
 def load_bench(path: Path) -> BenchResults:
@@ -293,7 +289,7 @@ def prepare_upload(
         transient=True,
         disable=not console.is_terminal,  # a bar only where it can redraw; no stray lines in logs
     ) as progress:
-        infos = [replace(info, sha256=sha256_file(p, progress)) for p, info in zip(paths, infos)]
+        infos = [replace(info, sha256=_sha256_shown(p, progress)) for p, info in zip(paths, infos)]
 
     card = build_model_card(repo_id, infos, bench, revision=rev)
     return UploadPlan(

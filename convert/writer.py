@@ -28,6 +28,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from .errors import ContractError, UserError
 from .quantize import encoded_nbytes
+from .gguf import keys as K
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def write_gguf(
     try:
         with _writing(out, "the header", w):
             for key, kv in kvs.items():
-                if key == "general.architecture":
+                if key == K.GENERAL_ARCHITECTURE:
                     continue
                 w.add_key_value(key, kv.value, kv.type, kv.sub_type)
             for t in tensors:

@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from ..convert.errors import UserError
+from ..convert.gguf import keys as K
 
-TEMPLATE_KEY = "tokenizer.chat_template"
+TEMPLATE_KEY = K.CHAT_TEMPLATE
 ROLES = ("system", "user", "assistant", "tool", "developer")
 #: names the renderer supplies itself: chat_template_kwargs may not replace them
 RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})

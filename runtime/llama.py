@@ -28,6 +28,7 @@ from . import bindings
 ll = bindings.lowlevel()  # a one-line error, not an ImportError, when llama-cpp-python is missing
 from .cores import threads_for_run
 from .errors import ClosedError, LlamaError
+from ..convert.gguf import keys as K
 
 GGUF_MAGIC = b"GGUF"
 _KV_TYPES = {"f32": ll.GGML_TYPE_F32, "f16": ll.GGML_TYPE_F16}
@@ -172,7 +173,7 @@ class Model(_NativeHandle):
         self.n_embd = ll.llama_model_n_embd(self._ptr)
         self.n_layer = ll.llama_model_n_layer(self._ptr)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
-        self.arch = self.meta("general.architecture") or "?"
+        self.arch = self.meta(K.GENERAL_ARCHITECTURE) or "?"
 
     @property
     def closed(self) -> bool:

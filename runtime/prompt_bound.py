@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from ..convert.gguf import keys as K
 
 #: tokenizer.ggml.model values whose tokenizers keep every byte of the text
 _LOSSLESS_TOKENIZERS = ("gpt2", "llama")
@@ -28,7 +29,7 @@ def longest_token_bytes(model_path: str | Path) -> int | None:
     header = read_header_cached(model_path)
     if header.get("tokenizer.ggml.model") not in _LOSSLESS_TOKENIZERS:
         return None
-    tokens = header.fields.get("tokenizer.ggml.tokens")
+    tokens = header.fields.get(K.TOKENS)
     if tokens is None or not tokens.is_array or not len(tokens.value):
         return None
     return max(1, max(len(t) for t in tokens.value))

@@ -116,7 +116,7 @@ def test_our_layout_is_loaded_as_it_is(files, tmp_path, monkeypatch):
 def test_inspect_names_the_layout(files):
     res = run_cli("inspect", files["poolside-bf16"], "--target", TARGET)
     assert res.code == 0, res.stderr
-    for text in ["dflash (decoder laguna)", "[2, 10, 18, 24]", "[1, 9, 17, 23]", "Poolside's dflash layout (SPEC §5b)",
+    for text in ["dflash (decoder laguna)", "[2, 10, 18, 24]", "[1, 9, 17, 23]", "Poolside's dflash layout (mainline llama.cpp's architecture)",
                  "28 (17 BF16, 11 F32)", "pairs with target"]:
         assert text in res.stdout, text
 

@@ -8,5 +8,10 @@ whether a drafter and a target can work together, read from headers alone.
 - :mod:`.specs` — one type per model, :class:`~.specs.TargetSpec` and :class:`~.specs.DrafterSpec`,
   read and range-checked from a header, and ``check_pair``.
 
-Errors are :mod:`convert.errors`' (``ContractError``: file, field, expected, found).
+- :mod:`.errors` — the errors every layer raises (``UserError``; ``ContractError``: file, field,
+  expected, found; convert/errors.py names them for the layers above).
+
+It imports nothing from the rest of the package (tests/test_structure.py holds it to that;
+docs/architecture.md has the layers): it stays under convert/ only because the package's
+folders are convert/ and runtime/.
 """

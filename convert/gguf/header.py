@@ -22,7 +22,8 @@ from pathlib import Path
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from ..errors import UserError
+from .errors import UserError
+from . import keys as K
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -36,8 +37,8 @@ MAX_TENSORS = 1 << 24
 #: is bounded by this and then by the vocabulary's own length.
 MAX_VOCAB = 1 << 20
 #: tokenizer arrays with one element per token (merges: at most one per token too, in BPE)
-PER_TOKEN_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type",
-                    "tokenizer.ggml.merges")
+PER_TOKEN_ARRAYS = (K.TOKENS, K.TOKEN_SCORES, K.TOKEN_TYPES,
+                    K.MERGES)
 #: Any other array longer than this is not decoded up front but read from the file when used
 #: (:class:`LazyArray`): the per-layer arrays rules check are far shorter.
 EAGER_ARRAY_MAX = 1 << 16
@@ -136,7 +137,7 @@ class Header:
 
     @property
     def arch(self) -> str | None:
-        v = self.fields.get("general.architecture")
+        v = self.fields.get(K.GENERAL_ARCHITECTURE)
         return v.value.decode("utf-8", errors="replace") if v and v.type == GGUFValueType.STRING else None
 
     def get(self, key: str) -> object:
@@ -285,8 +286,8 @@ def _parse(path: Path, buf, size: int) -> Header:
         fields[key] = c.value(c.value_type(key), key)
     _check_per_token_arrays(path, fields)
     alignment = DEFAULT_ALIGNMENT
-    if "general.alignment" in fields:
-        a = fields["general.alignment"]
+    if K.GENERAL_ALIGNMENT in fields:
+        a = fields[K.GENERAL_ALIGNMENT]
         if a.type != GGUFValueType.UINT32 or a.value == 0 or a.value & (a.value - 1):
             raise unreadable(path, f"general.alignment: expected a power of two (UINT32), found {a.value!r}")
         alignment = a.value

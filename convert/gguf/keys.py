@@ -15,6 +15,8 @@ target's name and layer count (provenance, checked by ``inspect`` and the runtim
 
 from __future__ import annotations
 
+from gguf import Keys
+
 ARCH = "dflash-draft"
 #: The generic DFlash arch of mainline llama.cpp that Poolside's own drafter GGUFs use (SPEC §5b).
 POOLSIDE_ARCH = "dflash"
@@ -38,7 +40,14 @@ def for_arch(arch: str, key: str) -> str:
 
 # --------------------------------------------------------------------------- general.*
 
-GENERAL_ARCHITECTURE = "general.architecture"
+# gguf-py's where it has them
+GENERAL_ARCHITECTURE = Keys.General.ARCHITECTURE
+GENERAL_ALIGNMENT = Keys.General.ALIGNMENT
+TOKENS = Keys.Tokenizer.LIST
+TOKEN_SCORES = Keys.Tokenizer.SCORES
+TOKEN_TYPES = Keys.Tokenizer.TOKEN_TYPE
+MERGES = Keys.Tokenizer.MERGES
+CHAT_TEMPLATE = Keys.Tokenizer.CHAT_TEMPLATE
 GENERAL_TYPE = "general.type"
 GENERAL_NAME = "general.name"
 GENERAL_BASENAME = "general.basename"

@@ -14,15 +14,14 @@ from pathlib import Path
 from gguf import GGUFValueType
 
 from . import keys as K
-from ..errors import ContractError
+from .errors import ContractError
 from .header import Header
 
-TOKENS = "tokenizer.ggml.tokens"
 
 
 def header_tokens(header: Header) -> Sequence[bytes]:
     """The token list of a GGUF header (empty when it has none)."""
-    f = header.fields.get(TOKENS)
+    f = header.fields.get(K.TOKENS)
     if f is None or not f.is_array or f.sub_type != GGUFValueType.STRING:
         return []
     return f.value
@@ -53,11 +52,11 @@ def pairing_problems(path: Path, drafter: Header, target: "TargetSpec") -> list[
                                  f"{len(ids) * target.n_embd} ({len(ids)} x hidden size of {who})", n_feat))
     tokens = header_tokens(drafter)
     if len(tokens) != len(target.tokens):
-        out.append(ContractError(path, TOKENS, f"{len(target.tokens)} tokens (vocabulary of {who})",
+        out.append(ContractError(path, K.TOKENS, f"{len(target.tokens)} tokens (vocabulary of {who})",
                                  f"{len(tokens)} tokens"))
     elif list(tokens) != list(target.tokens):  # compared in C; the loop only finds where they part
         i = next(i for i, (x, y) in enumerate(zip(tokens, target.tokens)) if x != y)
-        out.append(ContractError(path, f"{TOKENS}[{i}]", f"{target.tokens[i]!r} (as in {who})", repr(tokens[i])))
+        out.append(ContractError(path, f"{K.TOKENS}[{i}]", f"{target.tokens[i]!r} (as in {who})", repr(tokens[i])))
     mask = _int(drafter, K.MASK_TOKEN_ID)
     if mask is not None and not 0 <= mask < len(target.tokens):
         out.append(ContractError(path, K.MASK_TOKEN_ID, f"a token id below {len(target.tokens)} ({who})", mask))

@@ -25,7 +25,7 @@ from pathlib import Path
 from gguf import GGUFValueType as T
 
 from . import keys as K
-from ..errors import ContractError
+from .errors import ContractError
 from .header import Header, Value, read_header
 
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h
@@ -161,7 +161,7 @@ ARCH_RULES: dict[str, dict[str, Rule]] = {
 
 #: Full key names, whatever the architecture.
 GLOBAL_RULES: dict[str, Rule] = {
-    "general.alignment": Rule("a power of two", (T.UINT32,), lambda v: v > 0 and v & (v - 1) == 0),
+    K.GENERAL_ALIGNMENT: Rule("a power of two", (T.UINT32,), lambda v: v > 0 and v & (v - 1) == 0),
 }
 
 
@@ -274,10 +274,10 @@ def _drafter(v: _View) -> ContractError | None:
     if pattern is not None and (len(pattern) != n_layer or any(bool(x) != sliding for x in pattern)):
         expected = "true (sliding)" if sliding else "false (no attention.sliding_window: full attention)"
         return ContractError(path, v.key(S(K.SLIDING_WINDOW_PATTERN)), f"{n_layer} x {expected}", pattern)
-    tokens = v.header.fields.get("tokenizer.ggml.tokens")
+    tokens = v.header.fields.get(K.TOKENS)
     n_vocab = len(tokens.value) if tokens is not None and tokens.is_array else 0
     if n_vocab == 0:
-        return ContractError(path, "tokenizer.ggml.tokens", "the target's vocabulary", "none")
+        return ContractError(path, K.TOKENS, "the target's vocabulary", "none")
     mask = v.raw(S(K.MASK_TOKEN_ID))
     if not mask < n_vocab:
         return ContractError(path, v.key(S(K.MASK_TOKEN_ID)), f"0..{n_vocab - 1} (a token id)", mask)
@@ -319,9 +319,9 @@ def header_problems(header: Header, *, require: bool = True, before_load: bool =
     problem too; ``before_load``: only the rules that protect llama.cpp's loader (Rule.before_load)."""
     arch = header.arch
     if arch is None:
-        return [ContractError(header.path, "general.architecture", "a string naming the architecture",
-                              "nothing" if "general.architecture" not in header.fields
-                              else _found(header.fields["general.architecture"]))]
+        return [ContractError(header.path, K.GENERAL_ARCHITECTURE, "a string naming the architecture",
+                              "nothing" if K.GENERAL_ARCHITECTURE not in header.fields
+                              else _found(header.fields[K.GENERAL_ARCHITECTURE]))]
     out = []
     for key, rule in rules_for(arch).items():
         if before_load and not rule.before_load:

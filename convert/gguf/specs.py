@@ -12,10 +12,10 @@ from pathlib import Path
 
 from collections.abc import Sequence
 
-from ..errors import ContractError
+from .errors import ContractError
 from . import keys as K
 from .header import Header
-from .pairing import TOKENS, header_tokens, pairing_problems
+from .pairing import header_tokens, pairing_problems
 from .rules import checked_header, read_header_cached
 
 DRAFT_ARCH = K.ARCH
@@ -67,10 +67,10 @@ def read_target(path: str | Path) -> TargetSpec:
     header = checked_header(path)
     arch = header.arch
     if arch == DRAFT_ARCH:
-        raise ContractError(path, "general.architecture", "the target model (e.g. laguna)", f"{arch!r}, a drafter")
+        raise ContractError(path, K.GENERAL_ARCHITECTURE, "the target model (e.g. laguna)", f"{arch!r}, a drafter")
     tokens = header_tokens(header)
     if not tokens:
-        raise ContractError(path, TOKENS, "a vocabulary", "none")
+        raise ContractError(path, K.TOKENS, "a vocabulary", "none")
     n_layer, n_embd = header.get(f"{arch}.block_count"), header.get(f"{arch}.embedding_length")
     name = header.get(K.GENERAL_NAME) or path.stem
     return TargetSpec(
@@ -100,7 +100,7 @@ def read_header_checked_arch(path: Path, arch: str) -> Header:
     """The header of ``path`` when it is of architecture ``arch``, range-checked."""
     header = read_header_cached(path)
     if header.arch != arch:
-        raise ContractError(path, "general.architecture", arch, header.arch)
+        raise ContractError(path, K.GENERAL_ARCHITECTURE, arch, header.arch)
     return checked_header(path)
 
 
