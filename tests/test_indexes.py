@@ -67,3 +67,10 @@ def test_the_session_pattern_sees_a_numbered_session():
 def test_a_page_names_no_numbered_development_session(page):
     found = [m.group(0) for m in NUMBERED_SESSION.finditer(page.read_text())]
     assert not found, f"{page.relative_to(REPO)}: {found}"
+
+
+def test_the_patch_list_in_docs_is_the_series():
+    """docs/patches.md names every patch patches/series applies, in its order, and no other."""
+    series = [ln.split("#", 1)[0].strip() for ln in (REPO / "patches" / "series").read_text().splitlines()]
+    listed = re.findall(r"^- `(\d{4}-[\w.-]+\.patch)`", (REPO / "docs" / "patches.md").read_text(), re.MULTILINE)
+    assert listed == [name for name in series if name]
