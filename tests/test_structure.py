@@ -1,6 +1,7 @@
-"""The package's shape: no import cycle among laguna_dflash's modules, one place that rewrites
-a Poolside-layout drafter, laguna-run's command module split by command, and patch headers that
-name only paths that exist."""
+"""The package's shape: no import cycle among laguna_dflash's modules, imports only across the
+lines docs/architecture.md's layer table draws (the GGUF contract imports nothing above it), one
+place that rewrites a Poolside-layout drafter, laguna-run's command module split by command, and
+patch headers that name only paths that exist."""
 
 from __future__ import annotations
 
@@ -139,3 +140,82 @@ def test_every_repository_path_a_patch_header_names_exists():
             named.setdefault(path, []).append(patch.name)
     assert named, "no patch header names a repository path: the pattern is wrong"
     assert [(p, by) for p, by in named.items() if not (REPO / p).exists()] == []
+
+
+# ---------------------------------------------------------------------- the layers of docs/architecture.md
+
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+
+
+def layer_table() -> dict[str, tuple[str, set[str]]]:
+    """docs/architecture.md's table: layer -> (its folder, the layers it may import)."""
+    rows, in_table = {}, False
+    for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else None
+        if cells == ["layer", "folder", "may import"]:
+            in_table = True
+        elif in_table and cells is None:
+            break
+        elif in_table and not set(cells[0]) <= {"-"}:
+            allowed = {a.strip() for a in cells[2].split(",")} - {"—", ""}
+            rows[cells[0]] = (cells[1].strip("`").rstrip("/"), allowed)
+    return rows
+
+
+def layer_of(path: Path, table: dict[str, tuple[str, set[str]]]) -> str | None:
+    rel = path.relative_to(REPO).as_posix()
+    holding = [(len(folder), name) for name, (folder, _) in table.items() if rel.startswith(folder + "/")]
+    return max(holding)[1] if holding else None
+
+
+def test_the_layer_table_is_read():
+    table = layer_table()
+    assert {"gguf", "convert", "runtime", "server", "cli"} <= set(table)
+    assert table["gguf"] == ("convert/gguf", set())
+    assert "gguf" in table["convert"][1] and "cli" not in table["runtime"][1]
+    assert layer_of(REPO / "runtime" / "server" / "app.py", table) == "server"
+    assert layer_of(REPO / "convert" / "gguf" / "keys.py", table) == "gguf"
+
+
+def test_every_import_crosses_only_the_lines_the_architecture_page_draws():
+    table = layer_table()
+    for name, (folder, allowed) in table.items():
+        assert (REPO / folder).is_dir(), f"{folder}: in docs/architecture.md's table, not in the tree"
+        assert allowed <= set(table), f"{name} may import {allowed - set(table)}: no such layer"
+    modules = package_modules()
+    layers = {name: layer_of(path, table) for name, path in modules.items()}
+    assert [n for n, layer in layers.items() if layer is None] == [], "modules in no layer of the table"
+    crossing = []
+    for name, path in modules.items():
+        for target in imports_of(name, path, modules):
+            mine, theirs = layers[name], layers[target]
+            if theirs != mine and theirs not in table[mine][1]:
+                crossing.append(f"{name} ({mine}) imports {target} ({theirs})")
+    assert crossing == []
+
+
+def test_the_gguf_contract_imports_nothing_above_it():
+    """Named on its own because both halves stand on it (the table's first row)."""
+    modules = package_modules()
+    for name, path in modules.items():
+        if name.startswith("laguna_dflash.convert.gguf"):
+            above = {t for t in imports_of(name, path, modules) if not t.startswith("laguna_dflash.convert.gguf")}
+            assert above == set(), f"{name} imports {above}"
+
+
+def test_what_the_architecture_page_names_exists():
+    """Its paths, and each Class.member it names along a request's path."""
+    import re
+
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    paths = set(re.findall(r"`((?:convert|runtime|tests|docs)/[\w./]*)`", text))
+    assert len(paths) > 10 and [p for p in sorted(paths) if not (REPO / p).exists()] == []
+    members = {}
+    for path in package_modules().values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                members.setdefault(node.name, set()).update(
+                    n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    named = set(re.findall(r"`([A-Z]\w*)\.(\w+)`", text))
+    assert len(named) >= 5
+    assert [f"{c}.{m}" for c, m in sorted(named) if m not in members.get(c, ())] == []
