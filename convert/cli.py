@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
 import typer
-from gguf import LlamaFileType
+from gguf import GGMLQuantizationType, LlamaFileType
 from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
                            TransferSpeedColumn)
@@ -22,8 +22,8 @@ from .gguf import keys as K
 from .converter import Summary, check_output_path, prepare, write_job
 from .drafter_info import layout_problems, pairing_problems, read_drafter_gguf
 from .errors import USER_ERROR_EXIT, UserError
-from .poolside import is_poolside_layout, print_inspection
-from .poolside import prepare as prepare_poolside
+from .poolside import LAGUNA_DECODER, POOLSIDE_ARCH, is_poolside_layout, read_poolside
+from .poolside_rewrite import prepare as prepare_poolside
 from .quantize import OutType
 from .target import TargetInfo, read_target
 from .writer import TensorSpec, Terminated, check_metadata, sigterm_raises
@@ -243,6 +243,47 @@ def inspect_cmd(
         raise typer.Exit(USER_ERROR_EXIT)
     out_console.print(f"pairs with target {tgt.name} ({tgt.n_layer} layers, hidden {tgt.hidden_size}, "
                       f"vocab {tgt.vocab_size})", soft_wrap=True)
+
+
+def print_inspection(path: Path, target_path: Path | None, console: Console) -> None:
+    """``laguna-gguf inspect FILE.gguf`` for a Poolside file: its contract, and the pair with a target."""
+    target = read_target(target_path) if target_path is not None else None
+    pf = read_poolside(path, target)
+    cfg = pf.cfg
+    by_type: dict[str, int] = {}
+    for t in pf.tensors.values():
+        qname = GGMLQuantizationType(t.tensor_type).name
+        by_type[qname] = by_type.get(qname, 0) + 1
+    n_params = sum(int(t.n_elements) for t in pf.tensors.values())
+    table = Table(title=str(path), show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for k, v in [
+        ("architecture", f"{POOLSIDE_ARCH} (decoder "
+                         f"{pf.values.get(K.for_arch(POOLSIDE_ARCH, 'decoder_arch'), LAGUNA_DECODER)})"),
+        ("name", pf.name),
+        ("layers", cfg.num_hidden_layers),
+        ("hidden size", cfg.hidden_size),
+        ("feed-forward size", cfg.intermediate_size),
+        ("heads / kv heads / head dim", f"{cfg.num_attention_heads} / {cfg.num_key_value_heads} / {cfg.head_dim}"),
+        ("sliding window", cfg.sliding_window),
+        ("rope base", cfg.rope_theta),
+        ("block size", cfg.block_size),
+        ("mask token id", cfg.mask_token_id),
+        ("target layers (stored, HF id + 1)", list(pf.stored_layers)),
+        ("target layer ids (HF)", list(cfg.target_layer_ids)),
+        ("vocabulary", f"{len(pf.tokens)} tokens" if pf.tokens else "none (taken from the target)"),
+        ("tensors", f"{len(pf.tensors)} ({', '.join(f'{n} {t}' for t, n in sorted(by_type.items()))}), "
+                    f"{n_params:,} parameters"),
+    ]:
+        table.add_row(k, str(v))
+    console.print(table)
+    console.print("layout: Poolside's dflash layout (mainline llama.cpp's architecture), complete; laguna-run -md "
+                  f"converts it once into {K.ARCH}, `laguna-gguf convert FILE.gguf --target T -o OUT` rewrites it",
+                  soft_wrap=True)
+    if target is not None:
+        console.print(f"pairs with target {target.name} ({target.n_layer} layers, hidden {target.hidden_size}, "
+                      f"vocab {target.vocab_size})", soft_wrap=True)
 
 
 def _file_type_name(v: object) -> str:

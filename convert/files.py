@@ -1,14 +1,22 @@
-"""What the commands say about a file, in one place: its sha256 (caches are keyed by it, model
-cards print it) and a size in binary units."""
+"""Files, in one place: the cache folder the project keeps what it makes once in, a file's sha256
+(caches are keyed by it, model cards print it) and a size in binary units."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 
+#: where the cache lives when not ``~/.cache/laguna-dflash``
+CACHE_ENV = "LAGUNA_DFLASH_CACHE"
 #: read this much at a time: large enough to hash at disk speed, small enough to stay out of memory
 CHUNK = 8 << 20
+
+
+def cache_root() -> Path:
+    """The cache folder: ``$LAGUNA_DFLASH_CACHE``, else ``~/.cache/laguna-dflash``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "laguna-dflash").expanduser()
 
 
 def sha256_file(path: Path, on_chunk: Callable[[int], None] | None = None) -> str:

@@ -1,14 +1,16 @@
-"""Poolside's own drafter GGUFs (SPEC §5b) in, this project's layout (SPEC §5a) out.
+"""Poolside's own drafter GGUFs (SPEC §5b), read and checked.
 
 Poolside publishes drafters such as ``laguna-s-2.1-DFlash-BF16.gguf`` in the generic ``dflash``
 architecture of llama.cpp plus two Laguna extras (``enc.aux_norm``, ``blk.N.attn_gate``), with
 the target layers stored llama.cpp-style (HF id + 1). Neither upstream llama.cpp nor our loader
-runs that file, so it is rewritten once into ``dflash-draft``:
+runs that file, so it is rewritten once into ``dflash-draft`` (SPEC §5a). Four modules, one
+concern each:
 
-    pf = read_poolside(Path("laguna-s-2.1-DFlash-BF16.gguf"), target)   # every contract check
-    job = prepare(path, target)                  # our tensors and metadata, planned from mapping.py
-    job.write(Path("drafter.gguf"))             # same-type tensors keep their bytes
-    native_drafter_path(path, "target.gguf")    # what laguna-run loads: the cached rewrite
+    pf = read_poolside(Path("laguna-s-2.1-DFlash-BF16.gguf"), target)   # here: every contract check
+    job = prepare(path, target)              # convert/poolside_rewrite.py: our tensors and metadata
+    job.write(Path("drafter.gguf"))          # same-type tensors keep their bytes
+    native_drafter_path(path, "target.gguf") # runtime/drafter_cache.py: the rewrite laguna-run loads
+    # laguna-gguf inspect prints a Poolside file's contract (convert/cli.py)
 
 Everything is checked from the header before a byte is written, with the rules of SPEC §2 (the
 config is rebuilt from the metadata and goes through :func:`convert.checkpoint.parse_config`),
@@ -19,29 +21,20 @@ canonical (HF) tensors each one holds.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
-import sys
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, Keys
-from gguf.quants import dequantize
 
-from .files import sha256_file
 from .gguf import keys as K
 from .checkpoint import ARCHITECTURE, DEFAULT_CONTEXT_LENGTH, MODEL_TYPE, SLIDING, DrafterConfig, check_pair, parse_config
-from .converter import ARCH, PlannedOutput, Summary, check_output_path, drafter_metadata
+from .converter import ARCH
 from .errors import ContractError, UserError
 from .mapping import Kind, LayoutEntry, gguf_layout
-from .quantize import OutType, check_encodable, encode
-from .target import CACHE_ENV, TargetInfo, open_gguf, read_target
-from .writer import KV, TensorSpec, write_gguf
+from .target import TargetInfo, open_gguf
 
 POOLSIDE_ARCH = K.POOLSIDE_ARCH
 LAGUNA_DECODER = "laguna"
@@ -417,200 +410,3 @@ def _check_tensors(pf: PoolsideFile) -> None:
         block = GGML_QUANT_SIZES[qtype][0]
         if shape[-1] % block:
             raise ContractError(p, name, f"rows of whole {qtype.name} blocks ({block} values)", f"ne {found}")
-
-
-# --------------------------------------------------------------------------- rewriting into our layout
-
-
-@dataclass(frozen=True)
-class _CopiedSpec(TensorSpec):
-    """A tensor spec for any GGML type, so tensors of types we never encode can be copied as they are."""
-
-    @property
-    def nbytes(self) -> int:
-        block, size = GGML_QUANT_SIZES[self.qtype]
-        return int(np.prod(self.shape)) // block * size
-
-
-def _raw_bytes(t: Any, row: int | None = None) -> np.ndarray:
-    data = np.asarray(t.data)
-    if row is not None:
-        data = data[row]
-    return np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-
-
-def _as_float32(t: Any, row: int | None = None) -> np.ndarray:
-    qtype = GGMLQuantizationType(t.tensor_type)
-    data = np.asarray(t.data)
-    if row is not None:
-        data = data[row]
-    if qtype == GGMLQuantizationType.F32:
-        return np.asarray(data, dtype=np.float32)
-    if qtype == GGMLQuantizationType.F16:
-        return data.astype(np.float32)
-    return dequantize(data, qtype).astype(np.float32, copy=False)
-
-
-@dataclass
-class PoolsideConversion(PlannedOutput):
-    """A checked rewrite of a Poolside file into our layout: our tensor specs, their sources, our metadata."""
-
-    pf: PoolsideFile
-    target: TargetInfo
-    outtype: OutType | None  # None: every matrix keeps its type and bytes
-    entries: list[tuple[LayoutEntry, Source]]
-    specs: list[TensorSpec]
-    metadata: dict[str, KV] = field(repr=False)
-
-    @property
-    def cfg(self) -> DrafterConfig:
-        return self.pf.cfg
-
-    @property
-    def inputs(self) -> tuple[Path, ...]:
-        """The files this rewrite reads; the output may be none of them."""
-        return (self.pf.path, self.target.source)
-
-    def _data(self) -> Iterator[np.ndarray]:
-        for (_, src), spec in zip(self.entries, self.specs, strict=True):
-            t = self.pf.tensors[src.name]
-            if GGMLQuantizationType(t.tensor_type) == spec.qtype:
-                yield _raw_bytes(t, src.row)
-            else:
-                yield encode(_as_float32(t, src.row), spec.qtype, f"{self.pf.path}: {src.name}")
-
-    def write(self, out: Path, on_tensor: Callable[[TensorSpec], None] | None = None) -> Summary:
-        out = Path(out)
-        check_output_path(out, self.inputs)
-        t0 = time.perf_counter()
-        size = write_gguf(out, ARCH, self.metadata, self.specs, self._data(), on_tensor)
-        return Summary.of(out, self.specs, size, time.perf_counter() - t0)
-
-
-def prepare(path: Path | str, target: TargetInfo, outtype: OutType | None = None, *,
-            name: str | None = None, source_repo: str | None = None) -> PoolsideConversion:
-    """Check a Poolside file against the contract and ``target``, and plan our layout; reads no weights.
-
-    Norm vectors become F32 (exact from F16/BF16); matrices keep their type and bytes unless
-    ``outtype`` asks for another type, in which case they are decoded and encoded again.
-    """
-    pf = read_poolside(path, target)
-    entries, specs = [], []
-    for e in gguf_layout(pf.cfg):
-        src = poolside_source(e, pf.cfg)
-        t = pf.tensors[src.name]
-        if e.kind is Kind.NORM:
-            qtype = GGMLQuantizationType.F32
-        else:
-            qtype = outtype.ggml_type if outtype is not None else GGMLQuantizationType(t.tensor_type)
-        if qtype in _FLOAT_TYPES or qtype == GGMLQuantizationType.Q8_0:
-            check_encodable(src.name, e.shape, qtype, str(pf.path))
-        entries.append((e, src))
-        specs.append(_CopiedSpec(e.name, e.shape, qtype))
-    meta = drafter_metadata(pf.cfg, target, outtype or OutType.Q8_0, name=name or pf.name,
-                            source_repo=source_repo or pf.source_repo)
-    if outtype is None:
-        file_type = pf.values.get(Keys.General.FILE_TYPE)
-        if isinstance(file_type, int):
-            meta[Keys.General.FILE_TYPE] = KV(file_type, GGUFValueType.UINT32)
-        else:  # a type we cannot name for certain: better no file type than a wrong one
-            meta.pop(Keys.General.FILE_TYPE, None)
-    return PoolsideConversion(pf, target, outtype, entries, specs, meta)
-
-
-# --------------------------------------------------------------------------- the cached rewrite laguna-run loads
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "laguna-dflash").expanduser()
-
-
-def layout_version() -> str:
-    """A digest of the code that decides what a rewrite holds: a change to any of it means a new rewrite."""
-    here = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for module in ("poolside", "mapping", "converter", "checkpoint", "quantize", "writer", "gguf/keys"):
-        h.update((here / f"{module}.py").read_bytes())
-    return "l" + h.hexdigest()[:12]
-
-
-def target_fingerprint(target: TargetInfo) -> str:
-    """What the rewrite copies from the target: its name, its layer count and its tokenizer."""
-    h = hashlib.sha256(f"{target.name}\0{target.n_layer}\0{target.hidden_size}\0".encode())
-    for key, kv in target.tokenizer.items():
-        h.update(key.encode() + b"\0" + repr(kv.value).encode() + b"\0")
-    return "t" + h.hexdigest()[:12]
-
-
-def cached_path(path: Path, target: TargetInfo) -> Path:
-    """``drafters/<sha256 of the file>-<layout version>-<target fingerprint>.gguf`` under the cache.
-
-    The target is part of the key because the rewrite carries the target's tokenizer and name
-    (SPEC §5a), so one Poolside file paired with two targets gives two rewrites.
-    """
-    return cache_root() / "drafters" / f"{sha256_file(path)}-{layout_version()}-{target_fingerprint(target)}.gguf"
-
-
-def native_drafter_path(path: Path | str, target: Path | str | TargetInfo) -> Path:
-    """The drafter file to load: ``path`` itself for our layout, else its cached rewrite (made once).
-
-    A Poolside file that breaks the contract raises the same one-line ContractError as our
-    converter; nothing is left in the cache then.
-    """
-    path = Path(path)
-    if not is_poolside_layout(path):
-        return path
-    tgt = target if isinstance(target, TargetInfo) else read_target(Path(target))
-    out = cached_path(path, tgt)
-    if out.is_file():
-        return out
-    job = prepare(path, tgt)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    job.write(out)
-    print(f"{path}: Poolside's GGUF layout, rewritten once into {out}", file=sys.stderr)
-    return out
-
-
-# --------------------------------------------------------------------------- laguna-gguf hooks
-
-
-def print_inspection(path: Path, target_path: Path | None, console: Any) -> None:
-    """``laguna-gguf inspect FILE.gguf`` for a Poolside file: its contract, and the pair with a target."""
-    from rich.table import Table
-
-    target = read_target(target_path) if target_path is not None else None
-    pf = read_poolside(path, target)
-    cfg = pf.cfg
-    by_type: dict[str, int] = {}
-    for t in pf.tensors.values():
-        qname = GGMLQuantizationType(t.tensor_type).name
-        by_type[qname] = by_type.get(qname, 0) + 1
-    n_params = sum(int(t.n_elements) for t in pf.tensors.values())
-    table = Table(title=str(path), show_header=False)
-    table.add_column("key", style="bold")
-    table.add_column("value")
-    for k, v in [
-        ("architecture", f"{POOLSIDE_ARCH} (decoder {pf.values.get(_key('decoder_arch'), LAGUNA_DECODER)})"),
-        ("name", pf.name),
-        ("layers", cfg.num_hidden_layers),
-        ("hidden size", cfg.hidden_size),
-        ("feed-forward size", cfg.intermediate_size),
-        ("heads / kv heads / head dim", f"{cfg.num_attention_heads} / {cfg.num_key_value_heads} / {cfg.head_dim}"),
-        ("sliding window", cfg.sliding_window),
-        ("rope base", cfg.rope_theta),
-        ("block size", cfg.block_size),
-        ("mask token id", cfg.mask_token_id),
-        ("target layers (stored, HF id + 1)", list(pf.stored_layers)),
-        ("target layer ids (HF)", list(cfg.target_layer_ids)),
-        ("vocabulary", f"{len(pf.tokens)} tokens" if pf.tokens else "none (taken from the target)"),
-        ("tensors", f"{len(pf.tensors)} ({', '.join(f'{n} {t}' for t, n in sorted(by_type.items()))}), "
-                    f"{n_params:,} parameters"),
-    ]:
-        table.add_row(k, str(v))
-    console.print(table)
-    console.print("layout: Poolside's dflash layout (mainline llama.cpp's architecture), complete; laguna-run -md "
-                  f"converts it once into {ARCH}, `laguna-gguf convert FILE.gguf --target T -o OUT` rewrites it",
-                  soft_wrap=True)
-    if target is not None:
-        console.print(f"pairs with target {target.name} ({target.n_layer} layers, hidden {target.hidden_size}, "
-                      f"vocab {target.vocab_size})", soft_wrap=True)

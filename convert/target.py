@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
+from .files import cache_root
 from .gguf import keys as K
 from .errors import ContractError, UserError
 from .gguf.header import read_header
@@ -32,7 +33,6 @@ from .writer import KV
 DRAFT_ARCHITECTURES = K.DRAFTER_ARCHS
 TOKENIZER_PREFIX = "tokenizer."
 LLAMA_CPP_ENV = "LAGUNA_LLAMA_CPP_DIR"
-CACHE_ENV = "LAGUNA_DFLASH_CACHE"
 VENDORED_LLAMA_CPP = "llama_cpp_python-0.3.36/vendor/llama.cpp"
 
 #: Builds a vocab-only GGUF for an HF model directory into the given path (injectable for tests).
@@ -177,7 +177,7 @@ def find_llama_cpp_dir() -> Path:
             raise UserError(f"{LLAMA_CPP_ENV}={explicit}: expected a llama.cpp tree with convert_hf_to_gguf.py, "
                             "found none")
         return d
-    cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "laguna-dflash").expanduser()
+    cache = cache_root()
     found = [p for p in cache.glob(f"src/*/{VENDORED_LLAMA_CPP}") if (p / "convert_hf_to_gguf.py").is_file()]
     if not found:
         raise UserError(

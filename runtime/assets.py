@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from ..convert.errors import UserError
+from ..convert.files import cache_root
 
 PACKAGE = Path(__file__).resolve().parent
 TINY_DIR = PACKAGE / "data" / "laguna-tiny"
@@ -20,8 +20,8 @@ PROMPTS_DIR = PACKAGE / "data" / "prompts"
 CODE_PROMPTS = PROMPTS_DIR / "code.txt"
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("LAGUNA_DFLASH_CACHE", Path.home() / ".cache" / "laguna-dflash"))
+#: the cache folder, by the name scripts/ use
+cache_dir = cache_root
 
 
 def drafter_digest(drafter_hf: Path = TINY_DRAFTER_HF) -> str:
@@ -37,7 +37,7 @@ def drafter_digest(drafter_hf: Path = TINY_DRAFTER_HF) -> str:
 def converted_drafter(drafter_hf: Path, target: Path, outtype: str = "q8_0") -> Path:
     """A shipped HF drafter converted with laguna-gguf convert, once per checkpoint content."""
     from ..convert import converter
-    from ..convert.poolside import layout_version
+    from .drafter_cache import layout_version
     from ..convert.target import read_target
 
     # keyed by the converter's code too: a cached file from before a layout change (e.g. the

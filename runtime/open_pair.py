@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..convert.poolside import native_drafter_path
+from .drafter_cache import native_drafter_path
 
 from ..convert.gguf.specs import DrafterSpec, TargetSpec, check_pair, read_drafter, read_target
 from .request import PairLimits

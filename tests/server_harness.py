@@ -21,7 +21,7 @@ TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>
 def bundled_models(bundled: str = "code"):
     """A bundled pair (``assets.BUNDLED``) loaded: the target Model, the converted drafter's path
     and its Model; both closed on exit."""
-    from laguna_dflash.convert.poolside import native_drafter_path
+    from laguna_dflash.runtime.drafter_cache import native_drafter_path
     from laguna_dflash.runtime import assets
 
     _, target_path, convert = assets.BUNDLED[bundled]

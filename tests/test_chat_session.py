@@ -9,7 +9,7 @@ import json
 import pytest
 
 from laguna_chat import laguna_template
-from laguna_dflash.convert.poolside import native_drafter_path
+from laguna_dflash.runtime.drafter_cache import native_drafter_path
 from laguna_dflash.runtime import assets
 from laguna_dflash.runtime.chat_session import ChatSession, run_session
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions

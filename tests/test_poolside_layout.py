@@ -15,7 +15,8 @@ from poolside_fixture import write_poolside_gguf
 
 from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert import converter, mapping
-from laguna_dflash.convert.poolside import native_drafter_path, prepare
+from laguna_dflash.convert.poolside_rewrite import prepare
+from laguna_dflash.runtime.drafter_cache import native_drafter_path
 from laguna_dflash.convert.quantize import OutType
 from laguna_dflash.convert.target import read_target
 from laguna_dflash.runtime import assets

@@ -21,6 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...convert.files import cache_root, sha256_file
+
 SDIST_NAME = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
 SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
@@ -34,10 +36,6 @@ PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"
 
 class BuildError(RuntimeError):
     pass
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("LAGUNA_DFLASH_CACHE", Path.home() / ".cache" / "laguna-dflash"))
 
 
 def _print_line(msg: str) -> None:
@@ -224,8 +222,7 @@ def fetch_sdist() -> Path:
              f"{SDIST_NAME}=={SDIST_VERSION}", "-d", str(dest), "-q"],
             check=True,
         )
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    digest = sha256_file(path)
     if digest != SDIST_SHA256:
         path.unlink()
         raise BuildError(f"{path}: sha256 {digest}, expected {SDIST_SHA256}; refusing to build")

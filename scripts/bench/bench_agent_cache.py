@@ -101,7 +101,7 @@ def play(engine, template, thinking: bool, resend_reasoning: bool) -> list[dict]
 
 
 def main() -> int:
-    from laguna_dflash.convert.poolside import native_drafter_path
+    from laguna_dflash.runtime.drafter_cache import native_drafter_path
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.chat_template import ChatTemplate
     from laguna_dflash.runtime.engine import Engine, EngineConfig

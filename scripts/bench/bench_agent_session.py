@@ -90,7 +90,7 @@ def run_turn(engine, clock, prompt, options):
 
 
 def main() -> int:
-    from laguna_dflash.convert.poolside import native_drafter_path
+    from laguna_dflash.runtime.drafter_cache import native_drafter_path
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.chat_template import ChatTemplate
     from laguna_dflash.runtime.conversation import ChatTurn, end_of_turn_tokens
