@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from .gguf import keys as K
+from .command_line import argument, flag, switch
 from .errors import USER_ERROR_EXIT, UserError
 from .files import human_size, sha256_file
 from .model_card import BenchResults, GGUFInfo, build_model_card, parse_bench
@@ -537,24 +538,24 @@ def _print_dry_run(result: UploadResult) -> None:
 
 
 def upload_command(
-    repo_id: Annotated[str, typer.Argument(metavar="REPO_ID", help="Target repository, owner/name.", show_default=False)],
+    repo_id: Annotated[str, argument("REPO_ID", help="Target repository, owner/name.")],
     files: Annotated[
         list[Path],
-        typer.Argument(metavar="FILE.gguf...", help="GGUF files to publish (drafters, and optionally targets).", show_default=False),
+        argument("FILE.gguf...", help="GGUF files to publish (drafters, and optionally targets)."),
     ],
     private: Annotated[
-        bool, typer.Option("--private", help="Create the repository as private (an existing one keeps its visibility).")
+        bool, switch("--private", help="Create the repository as private (an existing one keeps its visibility).")
     ] = False,
     revision: Annotated[
         Optional[str],
-        typer.Option("--revision", metavar="R", help="Branch to commit to; created from main when missing. Default: main."),
+        flag("--revision", metavar="R", help="Branch to commit to; created from main when missing. Default: main."),
     ] = None,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the planned operations and the model card; send nothing.")
+        bool, switch("--dry-run", help="Print the planned operations and the model card; send nothing.")
     ] = False,
     bench_json: Annotated[
         Optional[Path],
-        typer.Option("--bench-json", metavar="B.json", help="Add a benchmark table from `laguna-run bench --json` output."),
+        flag("--bench-json", metavar="B.json", help="Add a benchmark table from `laguna-run bench --json` output."),
     ] = None,
 ) -> None:
     console = Console(stderr=True)

@@ -8,7 +8,7 @@ range, its help line and its default.
 Three groups: :data:`SAMPLING` (how tokens are drawn: the CLI's flags, the server's request
 fields, :class:`~runtime.sampling.SamplingParams`), :data:`REQUEST` (what else one generation
 takes), :data:`PAIR` (the models, the context and their placement: run, bench, serve) and
-:data:`SERVER` (serve's own). The CLI builds its options from them (runtime/cli/options.py),
+:data:`SERVER` (serve's own), and :data:`RPC_SERVER` (laguna-rpc-server's). The CLI builds its options from them (runtime/cli/options.py),
 SamplingParams and GenerateOptions check their values with them, and the server names a value's
 JSON parameter by them, so a range, and its wording in an error, exists in one place.
 """
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Annotated, Any, Optional
+
+from ..convert.errors import UserError
 
 from .assets import BUNDLED
 from .cores import MAX_THREADS
@@ -135,6 +137,13 @@ class Param:
             raise RequestError(self.field, self.expected(hi, value), value)
         return int(value) if self.kind is int else value
 
+    def check_flag(self, value: Any, hi: float | None = None) -> Any:
+        """:meth:`check` for the command line: the error names the flag (UserError, exit code 2)."""
+        try:
+            return self.check(value, hi)
+        except RequestError as e:
+            raise UserError(e.render(self.flag)) from None
+
     def out_of_range(self) -> list:
         """Values just outside the range, from its bounds (what a test of every front end sends)."""
         step = 1 if self.kind is int else 0.5
@@ -196,6 +205,11 @@ class Group(Sequence):
 
     def fields(self) -> tuple[str, ...]:
         return tuple(self._params)
+
+    def check_flags(self, values: dict) -> None:
+        """Every flag of the group against its range (``values``: by field name)."""
+        for p in self:
+            p.check_flag(values[p.field])
 
 
 SAMPLING = Group(
@@ -283,7 +297,23 @@ SERVER = Group(
           "sequence's caches).", bool, False),
 )
 
-GROUPS = (SAMPLING, REQUEST, PAIR, SERVER)
+#: laguna-rpc-server's (llama.cpp's rpc-server behind it takes no port 0)
+RPC_SERVER = Group(
+    Param("host", ("--host", "-H"), "IPv4 address to bind (127.0.0.1: this machine only).", str, "127.0.0.1"),
+    Param("port", ("--port", "-p"), "TCP port.", int, 50052, lo=1, hi=65535),
+    Param("threads", ("--threads", "-t"), "CPU threads of the CPU device (0: half the cores, rpc-server's default).",
+          int, 0, lo=0, hi=MAX_THREADS, note="(0: rpc-server's default)"),
+    Param("mem", ("--mem", "-m"), "Memory to offer, in MiB (0: what the device reports). Clients split layers by "
+          "it; buffers beyond it are refused.", int, 0, lo=0, hi=MAX_SIZE, note="(0: what the device reports)"),
+    Param("device", ("--device", "-d"), "Comma-separated ggml devices to serve (default: the GPUs, else the CPU).",
+          str, ""),
+    Param("cache", ("--cache", "-c"), "Keep received tensors in a local file cache (~/.cache/llama.cpp/rpc): a "
+          "model loaded again is not sent again.", bool, False),
+    Param("expose", ("--expose",), "Allow a --host other than loopback (no authentication, no encryption).",
+          bool, False),
+)
+
+GROUPS = (SAMPLING, REQUEST, PAIR, SERVER, RPC_SERVER)
 
 
 def find(field: str) -> Param | None:

@@ -17,10 +17,10 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated
 
-from ..convert.command_line import App, flag, run, switch
+from ..convert.command_line import App, run
 from ..convert.errors import UserError
+from .params import RPC_SERVER
 
 app = App()
 
@@ -64,21 +64,16 @@ def check_port_free(host: str, port: int) -> None:
 
 @app.command()
 def main_command(
-    host: Annotated[str, flag("--host", "-H", help="IPv4 address to bind (127.0.0.1: this machine only).")] = "127.0.0.1",
-    port: Annotated[int, flag("--port", "-p", help="TCP port.")] = 50052,
-    threads: Annotated[int, flag("--threads", "-t", help="CPU threads of the CPU device (0: half the cores, rpc-server's default).")] = 0,
-    mem: Annotated[int, flag("--mem", "-m", help="Memory to offer, in MiB (0: what the device reports). Clients split layers by it; buffers beyond it are refused.")] = 0,
-    device: Annotated[str, flag("--device", "-d", help="Comma-separated ggml devices to serve (default: the GPUs, else the CPU).")] = "",
-    cache: Annotated[bool, switch("--cache", "-c", help="Keep received tensors in a local file cache (~/.cache/llama.cpp/rpc): a model loaded again is not sent again.")] = False,
-    expose: Annotated[bool, switch("--expose", help="Allow a --host other than loopback (no authentication, no encryption).")] = False,
+    host: RPC_SERVER["host"].annotated() = RPC_SERVER["host"].default,
+    port: RPC_SERVER["port"].annotated() = RPC_SERVER["port"].default,
+    threads: RPC_SERVER["threads"].annotated() = RPC_SERVER["threads"].default,
+    mem: RPC_SERVER["mem"].annotated() = RPC_SERVER["mem"].default,
+    device: RPC_SERVER["device"].annotated() = RPC_SERVER["device"].default,
+    cache: RPC_SERVER["cache"].annotated() = False,
+    expose: RPC_SERVER["expose"].annotated() = False,
 ) -> None:
     """Serve this machine's memory and compute to laguna-run --rpc (llama.cpp's RPC protocol)."""
-    if not 1 <= port <= 65535:
-        raise UserError(f"--port: expected 1..65535, found {port}")
-    if not 0 <= threads <= 512:
-        raise UserError(f"--threads: expected 0..512 (0: rpc-server's default), found {threads}")
-    if mem < 0:
-        raise UserError(f"--mem: expected MiB >= 1 (0: what the device reports), found {mem}")
+    RPC_SERVER.check_flags(locals())  # the arguments, by name
     host = check_host(host, expose)
     binary = server_binary()
     check_port_free(host, port)

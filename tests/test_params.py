@@ -9,7 +9,7 @@ import pytest
 
 from laguna_dflash.runtime.cli import main
 from laguna_dflash.runtime.errors import RequestError
-from laguna_dflash.runtime.params import GROUPS, MAX_SIZE, MAX_TOKENS, PAIR, REQUEST, SAMPLING, SERVER, Param
+from laguna_dflash.runtime.params import GROUPS, MAX_SIZE, MAX_TOKENS, PAIR, REQUEST, RPC_SERVER, SAMPLING, SERVER, Param
 
 #: a model path that does not exist: an error about a flag proves the flag was checked first
 NO_MODEL = ["-m", "/nonexistent/target.gguf"]
@@ -92,3 +92,11 @@ def test_the_server_refuses_what_the_declaration_refuses(srv):
                 assert err["message"].startswith(f"{param.param}: expected {param.expected(found=value)}"), err
                 sent += 1
     assert sent >= len(SERVED)
+
+
+@pytest.mark.parametrize("param,value", cases(RPC_SERVER))
+def test_laguna_rpc_server_refuses_what_the_declaration_refuses(capsys, param, value):
+    from laguna_dflash.runtime.rpc_server import main as rpc_server_main
+
+    assert rpc_server_main([param.flags[0], str(value)]) == 2
+    assert error_line(capsys).startswith(f"error: {param.flag}: expected {param.expected(found=value)}")

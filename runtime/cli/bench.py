@@ -17,7 +17,7 @@ from ..prompt_bound import check_prompt_length
 from .interrupt import CtrlC, Interrupted
 from ...convert.command_line import App, flag, switch
 from ..params import REQUEST, Param
-from .options import PairFlags, RpcFailed, check_flag, engine_config, err, open_engine, pair_flags, pair_inputs, \
+from .options import PairFlags, RpcFailed, engine_config, err, open_engine, pair_flags, pair_inputs, \
     request_options
 
 #: prompts per suite unless --suite-limit says otherwise: on the bundled pair all four suites at
@@ -60,7 +60,7 @@ def bench(
     # every flag and input is checked before the first model loads: a bench must not lose its
     # results at the end to an unwritable path or a missing plotting library
     for param, value in ((N_PREDICT, n_predict), (REPEATS, repeats), (SUITE_LIMIT, suite_limit)):
-        check_flag(param, value)
+        param.check_flag(value)
     if suite is not None and prompts:
         raise UserError("--suite: expected either --suite or --prompts, found both")
     suites = parse_suite_names(suite) if suite is not None else []

@@ -23,7 +23,7 @@ from ...convert.errors import UserError
 
 from .. import assets
 from ..cores import threads_for_run
-from ..params import PAIR, REQUEST, SAMPLING, Group, Param, flag_of
+from ..params import PAIR, REQUEST, SAMPLING, Group, flag_of
 from ..request import GenerateOptions, RequestError
 from ..sampling import SamplingParams
 
@@ -35,20 +35,6 @@ NMaxOpt = REQUEST["n_max"].annotated()
 def flag_error(e: RequestError) -> UserError:
     """A request field's error, named by its flag."""
     return UserError(e.render(flag_of(e.field)))
-
-
-def check_flag(param: Param, value, **kw):
-    """``param.check(value)``, its error named by the flag."""
-    try:
-        return param.check(value, **kw)
-    except RequestError as e:
-        raise UserError(e.render(param.flag)) from None
-
-
-def check_flags(group: Group, values: dict) -> None:
-    """Every flag of ``group`` against its range (``values``: by field name)."""
-    for p in group:
-        check_flag(p, values[p.field])
 
 
 def _flags_class(group: Group):
@@ -67,7 +53,7 @@ class PairFlags:
 
     def check(self) -> None:
         """The flags' own ranges (the pair's rules come with open_pair)."""
-        check_flags(PAIR, vars(self))
+        PAIR.check_flags(vars(self))
 
     def open_pair(self):
         """The pair the flags name (the bundled one without -m), resolved: headers checked, a
@@ -172,7 +158,7 @@ def engine_config(flags: PairFlags, prompt_cache: bool = True):
         endpoints = rpc_mod.parse_endpoints(flags.rpc)
         split = rpc_mod.parse_tensor_split(flags.tensor_split)
         if ngl is not None:
-            check_flag(PAIR["n_gpu_layers"].but(lo=1, note="(with --rpc: the last N layers go to the servers)"), ngl)
+            PAIR["n_gpu_layers"].but(lo=1, note="(with --rpc: the last N layers go to the servers)").check_flag(ngl)
     # before anything loads llama.cpp: the probe must not see our own load, and libgomp reads
     # its spin setting when it loads
     threads = threads_for_run(flags.threads)

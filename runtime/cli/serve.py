@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import socket
 import sys
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -19,7 +18,7 @@ from ..cores import threads_for_run
 from ..params import PAIR, SERVER
 from ..server.guards import exposure_problem
 from .chat import ChatTemplateFileOpt, ChatTemplateKwargsOpt, read_template_file, template_kwargs
-from .options import NMaxOpt, PairFlags, check_flags, engine_config, pair_flags, request_options
+from .options import NMaxOpt, PairFlags, engine_config, pair_flags, request_options
 
 ThreadsPerSlotOpt = PAIR["threads"].annotated(help=(
     "CPU threads per slot (0: the cores free when the server starts, divided among the slots)."))
@@ -78,7 +77,7 @@ def serve(
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /health and
     /metrics, drafting every request with the DFlash drafter."""
     _need_server_extra()
-    check_flags(SERVER, locals())  # the arguments, by name
+    SERVER.check_flags(locals())  # the arguments, by name
     flags.check()
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key, found ''")
