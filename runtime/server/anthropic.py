@@ -293,8 +293,8 @@ class Renderer:
     async def stream(self, events):
         index, open_kind = -1, None
 
-        def event(name: str, **fields) -> dict:
-            return sse({"type": name, **fields}, event=name)
+        def event(kind: str, /, **fields) -> dict:
+            return sse({"type": kind, **fields}, event=kind)
 
         def start(kind: str, block: dict):
             nonlocal index, open_kind

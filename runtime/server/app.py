@@ -3,6 +3,7 @@ the other APIs as adapters over the same request path (:mod:`~runtime.server.cor
 
     POST /v1/completions        POST /v1/chat/completions   (SSE when "stream": true)
     POST /v1/messages           POST /v1/messages/count_tokens   (Anthropic's: anthropic.py)
+    POST /v1/responses          (OpenAI's Responses API: responses.py)
     GET  /v1/models             GET  /health                GET  /metrics (Prometheus text)
     POST /apply-template        POST /tokenize              POST /detokenize   (llama-server's)
 
@@ -36,7 +37,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..conversation import finish_reason, response_message
-from . import anthropic
+from . import anthropic, responses
 from ..params import SAMPLING
 from .core import OPENAI_CHAT_PARAMS, ApiError, Call, Reply, Server, ServerSettings, error_body, shutting_down, sse
 from .guards import BodyLimitMiddleware
@@ -309,6 +310,12 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
     async def count_tokens(body: anthropic.CountTokensRequest):
         n = await server.preparing.run(lambda: server.count_tokens(anthropic.to_call(server, body)))
         return {"input_tokens": n}
+
+    @app.post(responses.PATH)
+    async def create_response(body: responses.ResponsesRequest, request: Request):
+        out = responses.Renderer(settings.model_id, body)
+        return await server.run_call(request, lambda: responses.to_call(server, body), "responses", out.full,
+                                     out.stream)
 
     @app.post("/apply-template")
     async def apply_template(body: ApplyTemplateRequest):
