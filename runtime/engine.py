@@ -1,25 +1,19 @@
-"""The speculative engine: a target context, a drafter context, and the round loop of SPEC §4.
+"""The speculative engine: a target context, a drafter context, one sequence at a time.
 
     engine = Engine.load("target.gguf", "drafter.gguf")
     result = engine.generate("def fib(n):", GenerateOptions(n_predict=64, n_max=4))
     for piece in engine.stream("def fib(n):", GenerateOptions(n_max=4)): print(piece, end="")
 
-One round: draft ``k`` tokens in one drafter pass over ``[bonus, MASK*k]``; verify
-``[bonus, d_1..d_k]`` in one target pass with logits on every row; accept while the target's
-own choice (argmax, or a sample from the user's sampler) equals the draft; the first
-disagreement, or the row after the last draft, gives the next bonus. Then the rejected rows
-leave the target's KV cache and only the accepted rows' captured states enter the drafter's.
+The round loop itself is runtime/rounds.py's (the same for runtime/batch.py's sequences);
+the engine decodes what it asks for in its own context.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-import numpy as np
 
 from .drafter import Drafter
 from .llama import ClosedError, Context, ContextParams, Model, microbatch_for_window
@@ -27,10 +21,9 @@ from .open_pair import PairFiles, open_models, resolve_pair
 from .prompt_cache import PromptCache
 from .proposer import Proposer
 from .request import GenerateOptions, PairLimits, check_context
-from .sampling import Sampler
-from .stats import Recorder, Stats
-from .stops import TextCutter
-from .tuner import DepthPolicy, FixedDepth
+from .rounds import DepthPolicies, Rows, generation
+from .stats import Stats
+from .tuner import DepthPolicy
 
 __all__ = ["Engine", "EngineBusy", "EngineConfig", "GenerateOptions", "GenerationResult", "Stats"]
 
@@ -63,6 +56,14 @@ class GenerationResult:
     text: str
     stats: Stats
     stop_reason: str
+
+
+def refuse_closed(closed: bool, target: Model) -> None:
+    """ClosedError once an engine, or the target model it runs on, was closed."""
+    if closed:
+        raise ClosedError("engine already closed")
+    if target.closed:
+        raise ClosedError(f"{target.path}: the engine's target model was closed")
 
 
 class EngineBusy(RuntimeError):
@@ -137,7 +138,7 @@ class Engine:
             n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
             n_threads=cfg.n_threads, swa_full=swa_full))
         n_threads = self.ctx.n_threads  # the drafter's too: counted once, when the target's context opens
-        self._auto = None
+        self._policies = DepthPolicies()
         self.prompt_cache = PromptCache(cfg.prompt_cache)
         self.last_stats: Stats | None = None
         self.last_stop_reason: str | None = None
@@ -180,10 +181,7 @@ class Engine:
     # ------------------------------------------------------------------ helpers
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise ClosedError("engine already closed")
-        if self.target.closed:
-            raise ClosedError(f"{self.target.path}: the engine's target model was closed")
+        refuse_closed(self._closed, self.target)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         with self._serial.hold(reentrant=True):
@@ -209,21 +207,6 @@ class Engine:
         it is off); a server picks the slot to run a prompt on by it. It never waits for a
         running generation."""
         return self.prompt_cache.shared_prefix(tokens)
-
-    def _policy(self, n_max: int | str | DepthPolicy) -> DepthPolicy:
-        """The depth policy of a checked request (GenerateOptions.check_limits)."""
-        if isinstance(n_max, DepthPolicy):
-            return n_max
-        if n_max == "auto":
-            from .tuner import AutoDepth
-
-            if self.drafter is None:
-                return FixedDepth(0)
-            # one tuner per engine: what it learnt about costs carries over to the next prompt
-            if self._auto is None:
-                self._auto = AutoDepth(self.drafter.spec.max_draft, window=self.drafter.spec.sliding_window)
-            return self._auto
-        return FixedDepth(n_max)
 
     # ------------------------------------------------------------------ generation
 
@@ -256,139 +239,43 @@ class Engine:
             else self.target.check_tokens(prompt)
         opts.check_limits(self.limits)
         check_context(len(prompt_tokens), opts.n_predict, self.ctx.n_ctx)
-        policy = self._policy(opts.n_max)
-        sampler = Sampler(opts.sampling)
-        grammar = None
-        if opts.constraint is not None:
-            from .constraint import ConstrainedSampler, compile_constraint
-
-            grammar = compile_constraint(opts.constraint, self.target).matcher()
-            sampler = ConstrainedSampler(opts.sampling, grammar)
-        # a fixed depth of 0 is plain decoding: no capture, no drafter bookkeeping
-        drafter = None if isinstance(policy, FixedDepth) and policy.depth == 0 else self.drafter
-        if self.drafter is not None:
-            self.drafter.set_capture(drafter is not None)
-        stats = Stats(n_prompt=len(prompt_tokens))
-        rec = Recorder(stats, policy, opts.trace)
-        bonus = self._prefill(prompt_tokens, drafter, sampler, stats)
-        history = list(prompt_tokens)
-        n_past = len(prompt_tokens)  # the target's KV cache holds positions [0, n_past)
-        emitted = [bonus]
-        stop_reason = "length"
-        cutter = TextCutter(opts.stop)
-
-        rec.generation_begins()
-        while True:
-            # ---- emit what the last round produced, up to the first stop condition (a round's
-            # cost, as the tuner sees it, starts here)
-            rec.round_begins()
-            n_keep, reason, text = self._stop_check(out, emitted, opts, cutter)
-            if reason is None and grammar is not None and grammar.stopped:
-                reason = "eog"  # the constrained output is complete: only an end token could follow
-            if reason is None and opts.should_stop is not None and opts.should_stop():
-                reason = "interrupted"
-            kept = emitted[:n_keep]
-            out.extend(kept)
-            history.extend(kept)
-            if text:
-                yield text
-            if reason is not None:
-                stop_reason = reason
-                break
-            rec.mark("host")
-            policy.context(n_past)
-            depth = min(policy.choose(), opts.n_predict - len(out) - 1, self.ctx.n_ctx - n_past - 2)
-            rec.mark("policy")
-
-            if drafter is None or depth <= 0:
-                # ---- plain step (the drafter reads its row at its next draft, or never)
-                if drafter is not None:
-                    drafter.plain_step_begins(policy.plain_rounds_ahead())
-                rec.mark("host")
-                self.ctx.step(bonus, n_past)
-                rec.mark("verify")
-                if drafter is not None:
-                    drafter.plain_step_ends()
-                nxt = sampler.sample(self.ctx.logits_view(0), history[-sampler.history_len:] if sampler.history_len else ())
-                rec.round_ends(0, 0, bonus, [], nxt, n_past, n_past + 1)
-                n_past, emitted, bonus = n_past + 1, [nxt], nxt
-                continue
-
-            # ---- draft, after reading the rows of the plain steps before (the catch-up)
-            rec.mark("host")
-            if drafter.catch_up(n_past):
-                rec.mark("catchup")
-            if grammar is None:
-                drafts = drafter.draft(bonus, depth)
-                rec.mark("draft")
-            else:
-                # a token the grammar forbids can never be accepted: each row proposes the
-                # drafter's best token among those the grammar allows after the rows before it
-                block = drafter.draft_logits(bonus, depth)
-                rec.mark("draft")
-                drafts = grammar.draft(block)
-                rec.mark("host")
-            # ---- verify: one target pass over [bonus, drafts]; accept while the target's own
-            # choice at each row equals the draft
-            self.ctx.decode_block([bonus] + drafts, n_past)
-            rec.mark("verify")
-            n_acc, nxt = sampler.accept(self.ctx.logits_block(len(drafts) + 1), drafts, history)
-            rec.mark("host")
-            # ---- roll back: the target keeps bonus + accepted drafts, the drafter reads their rows
-            keep = n_past + 1 + n_acc
-            self.ctx.seq_rm(keep, -1)
-            drafter.inject_captured(1 + n_acc, n_past)
-            rec.mark("draft")
-            rec.round_ends(depth, n_acc, bonus, drafts, nxt, n_past, keep)
-            n_past, emitted, bonus = keep, drafts[:n_acc] + [nxt], nxt
-
-        rec.generation_ends(len(out))
-        self.prompt_cache.remember(prompt_tokens + out, self.ctx.pos_max() + 1)
+        texts: list[str] = []
+        run = generation(self, prompt_tokens, opts, out, texts)
+        try:
+            rows = next(run)
+            while True:
+                yield from texts
+                texts.clear()
+                rows = run.send(self._decode(rows))
+        except StopIteration as e:
+            stats, stop_reason = e.value
         self.last_stats, self.last_stop_reason = stats, stop_reason
-        rest = cutter.finish()  # text held back as a possible stop string's start, which it was not
-        if rest:
-            yield rest
+        yield from texts
         return stats, stop_reason
 
-    def _prefill(self, prompt_tokens: list[int], drafter: Proposer | None, sampler: Sampler, stats: Stats) -> int:
-        """Decode the prompt in n_batch chunks after the prefix the prompt cache holds, injecting
-        each chunk's captured rows into the drafter (only the last window of the prompt is
-        visible to the first draft); returns the first token."""
-        t0 = time.perf_counter()
-        if self.drafter is not None:
-            self.drafter.drop_pending()  # rows queued by the last sequence's final plain steps
-        n_cached = self.prompt_cache.reuse(prompt_tokens, self.ctx, self.target_spec.sliding_window, self.drafter,
-                                           drafting=drafter is not None)
-        if n_cached == 0:
-            self.reset()
-        stats.n_cached = n_cached
-        n_batch = self.ctx.n_batch
-        for i0 in range(n_cached, len(prompt_tokens), n_batch):
-            chunk = prompt_tokens[i0:i0 + n_batch]
-            self.ctx.decode(chunk, np.arange(i0, i0 + len(chunk)), logits="last")
-            if drafter is not None:
-                drafter.inject_visible(drafter.captured_features(), i0, len(prompt_tokens))
-        bonus = sampler.sample(self.ctx.logits_view(len(chunk) - 1), prompt_tokens)
-        stats.t_prefill = time.perf_counter() - t0
-        return bonus
+    def _decode(self, rows: Rows) -> int:
+        """Decode a sequence's rows (a prompt n_batch rows at a time); how many were decoded."""
+        tokens = rows.tokens[:self.ctx.n_batch] if rows.prompt else rows.tokens
+        n = len(tokens)
+        if rows.prompt:
+            self.ctx.decode_block(tokens, rows.pos0, first_output=n - 1)
+        elif n == 1:
+            self.ctx.step(tokens[0], rows.pos0)
+        else:
+            self.ctx.decode_block(tokens, rows.pos0)
+        return n
 
-    def _stop_check(self, out: list[int], emitted: list[int], opts: GenerateOptions,
-                    cutter: TextCutter) -> tuple[int, str | None, str]:
-        """How many of this round's tokens to keep, why generation stops (None: it goes on), and
-        the text they add. An end-of-generation token is dropped; a stop string ends generation
-        with the token that completes it, and its text is cut where the string begins."""
-        if len(out) >= opts.n_predict:  # n_predict 0: the prefill's token is not emitted either
-            return 0, "length", ""
-        pieces = []
-        for j, tok in enumerate(emitted):
-            if self.target.is_eog(tok) or tok in opts.end_tokens:
-                return j, "eog", "".join(pieces)
-            pieces.append(cutter.feed(self.target.token_bytes(tok, special=opts.special_text)))
-            if cutter.stopped:
-                return j + 1, "stop", "".join(pieces)
-            if len(out) + j + 1 >= opts.n_predict:
-                return j + 1, "length", "".join(pieces)
-        return len(emitted), None, "".join(pieces)
+    # -- what a generation (runtime/rounds.py) runs on
+
+    @property
+    def target_window(self) -> int:
+        return self.target_spec.sliding_window
+
+    def policy(self, n_max) -> DepthPolicy:
+        return self._policies.get(n_max, self.drafter)
+
+    def forget(self) -> None:
+        self.reset()
 
     def close(self) -> None:
         """Free both contexts (and the target model when Engine.load made it); waits for a

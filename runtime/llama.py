@@ -273,6 +273,7 @@ class Model(_NativeHandle):
 # ---------------------------------------------------------------------------- context
 
 _SMALL = 32  # batches up to this many rows are filled item by item (see Context._fill_small)
+MAX_SEQ = 256  # LLAMA_MAX_SEQ (llama-cparams.h): sequences one context may hold
 SWA_PAD = 256  # llama.cpp pads a sliding-window KV cache to a multiple of this many cells
 
 
@@ -300,6 +301,10 @@ class ContextParams:
     n_threads: int = 0  # 0: the free cores (runtime/cores.py)
     kv_type: str = "f16"  # "f32" for bit-exact comparisons with a reference
     swa_full: bool = False
+    # sequences (runtime/batch.py): each has its own KV stream of n_ctx / n_seq cells, so its
+    # cells are laid out as they would be were it alone (a shared stream interleaves them, and
+    # attention sums in cell order)
+    n_seq: int = 1
     flash_attn: bool = False
     # llama.cpp's op offload runs large batches of a CPU-resident model on the GPU. None: only
     # for a model with GPU layers, so a model placed on the CPU computes on the CPU (the same
@@ -321,7 +326,10 @@ class Context(_NativeHandle):
         cp.n_ctx = p.n_ctx
         cp.n_batch = p.n_batch
         cp.n_ubatch = p.n_ubatch
-        cp.n_seq_max = 1
+        if not 1 <= p.n_seq <= MAX_SEQ:
+            raise LlamaError(f"sequences: expected 1..{MAX_SEQ}, found {p.n_seq}")
+        cp.n_seq_max = p.n_seq
+        cp.kv_unified = p.n_seq == 1
         self.n_threads = threads_for_run(p.n_threads)
         cp.n_threads = self.n_threads
         cp.n_threads_batch = self.n_threads
@@ -342,6 +350,8 @@ class Context(_NativeHandle):
         if other is not None:
             other._dependents.add(self)
         self.n_ctx = ll.llama_n_ctx(self._ptr)
+        self.n_seq = p.n_seq
+        self.n_ctx_seq = ll.llama_n_ctx_seq(self._ptr)  # each sequence's cells
         self.n_batch = ll.llama_n_batch(self._ptr)
         self._n_vocab = model.n_vocab
         self._batches: dict[int, _Batch] = {}
@@ -458,6 +468,46 @@ class Context(_NativeHandle):
             pos[i] = pos0 + i
             out[i] = i >= first_output
 
+    def decode_seqs(self, parts: list[tuple[int, list[int], int, int]]) -> list[int]:
+        """One decode over rows of several sequences: ``parts`` are (sequence, tokens, pos0,
+        first_output), each decoded at positions pos0, pos0 + 1, ... with logits on its rows
+        first_output.. . Rows go in the order given (llama.cpp groups a microbatch by ascending
+        sequence ids, so give them in that order); returns each part's first batch row."""
+        n = sum(len(t) for _, t, _, _ in parts)
+        if not 0 < n <= self.n_batch:
+            raise LlamaError(f"batch of {n} rows outside 1..{self.n_batch}")
+        b = self._batch(0)
+        firsts = []
+        i0 = 0
+        for seq, tokens, pos0, first_output in parts:
+            k = len(tokens)
+            self._check_seq(seq)
+            if k == 0:
+                raise LlamaError(f"sequence {seq}: no rows")
+            if pos0 < 0 or pos0 + k > self.n_ctx_seq:
+                raise LlamaError(f"position {pos0 + k - 1} is past the context size {self.n_ctx_seq}; raise -c")
+            firsts.append(i0)
+            if k <= _SMALL:
+                tok, pos, out, nv = b.batch.token, b.batch.pos, b.batch.logits, self._n_vocab
+                for i, t in enumerate(tokens):
+                    if not 0 <= t < nv:
+                        self._bad_token(int(t))
+                    tok[i0 + i] = t
+                    pos[i0 + i] = pos0 + i
+                    out[i0 + i] = i >= first_output
+            else:
+                tok = np.asarray(tokens, dtype=np.int64)
+                self._check_tokens(tok)
+                b.token[i0:i0 + k] = tok
+                b.pos[i0:i0 + k] = b.iota[:k]
+                b.pos[i0:i0 + k] += pos0
+                b.logits[i0:i0 + k] = 0
+                b.logits[i0 + first_output:i0 + k] = 1
+            b.assign_seq(i0, k, seq)
+            i0 += k
+        self._run(b, n, seqs=True)
+        return firsts
+
     def decode_embd(self, embd: np.ndarray, positions) -> None:
         """Decode rows of input embeddings (for a DFlash drafter: fused target features)."""
         e = np.asarray(embd, dtype=np.float32)
@@ -498,7 +548,10 @@ class Context(_NativeHandle):
             b.logits[:n] = 0
         self._run(b, n)
 
-    def _run(self, b: "_Batch", n: int) -> None:
+    def _run(self, b: "_Batch", n: int, seqs: bool = False) -> None:
+        if b.n_other and not seqs:  # rows of the last decode_seqs: sequence 0 again
+            b.assign_seq(0, b.n_other, 0)
+            b.n_other = 0
         b.batch.n_tokens = n
         rc = ll.llama_decode(self.ptr, b.batch)
         if self._rpc:
@@ -597,21 +650,30 @@ class Context(_NativeHandle):
 
     # -- memory
 
-    def seq_rm(self, p0: int, p1: int = -1) -> None:
+    def _check_seq(self, seq: int) -> int:
+        if not 0 <= seq < self.n_seq:
+            raise LlamaError(f"sequence {seq} outside 0..{self.n_seq - 1}")
+        return seq
+
+    def seq_rm(self, p0: int, p1: int = -1, seq: int = 0) -> None:
         mem = ll.llama_get_memory(self.ptr)
-        if not ll.llama_memory_seq_rm(mem, 0, p0, p1):
+        if not ll.llama_memory_seq_rm(mem, self._check_seq(seq), p0, p1):
             raise LlamaError(f"could not remove positions [{p0}, {p1}) from the KV cache")
 
-    def pos_max(self) -> int:
-        return int(ll.llama_memory_seq_pos_max(ll.llama_get_memory(self.ptr), 0))
+    def pos_max(self, seq: int = 0) -> int:
+        return int(ll.llama_memory_seq_pos_max(ll.llama_get_memory(self.ptr), self._check_seq(seq)))
 
-    def pos_min(self) -> int:
+    def pos_min(self, seq: int = 0) -> int:
         """Lowest position the cache holds (-1: none). With sliding-window layers it is that
         cache's: llama.cpp keeps every position in [pos_min, pos_max] present."""
-        return int(ll.llama_memory_seq_pos_min(ll.llama_get_memory(self.ptr), 0))
+        return int(ll.llama_memory_seq_pos_min(ll.llama_get_memory(self.ptr), self._check_seq(seq)))
 
     def clear(self) -> None:
         ll.llama_memory_clear(ll.llama_get_memory(self.ptr), True)
+
+    def clear_seq(self, seq: int) -> None:
+        """Forget every position of one sequence (the others keep theirs)."""
+        self.seq_rm(-1, -1, seq)
 
     def set_causal(self, causal: bool) -> None:
         ll.llama_set_causal_attn(self.ptr, causal)
@@ -630,10 +692,82 @@ class Context(_NativeHandle):
             self._ptr = None
 
 
+class SeqView:
+    """One sequence of a multi-sequence context, seen as the whole context: what the round
+    loop, the prompt cache and a drafter read and edit of a target (runtime/rounds.py). Its
+    rows of the last decode start at batch row ``row0`` (set by the one who decoded them), so
+    logits and captured rows are indexed from there; a capture switch is recorded as this
+    sequence's wish, and the decoder captures while any sequence wishes it."""
+
+    def __init__(self, ctx: Context, seq: int) -> None:
+        self.ctx, self.seq = ctx, ctx._check_seq(seq)
+        self.model = ctx.model
+        self.params = ctx.params
+        self.n_ctx = ctx.n_ctx_seq
+        self.n_batch = ctx.n_batch
+        self.n_threads = ctx.n_threads
+        self.row0 = 0
+        self.last_n_tokens = 0
+        self.capture_wish: set[int] = set()
+
+    # what a context borrowing from this one (a drafter's, through ctx_other) reads
+    @property
+    def ptr(self) -> ctypes.c_void_p:
+        return self.ctx.ptr
+
+    @property
+    def _dependents(self):
+        return self.ctx._dependents
+
+    @property
+    def closed(self) -> bool:
+        return self.ctx.closed
+
+    def seq_rm(self, p0: int, p1: int = -1) -> None:
+        self.ctx.seq_rm(p0, p1, self.seq)
+
+    def pos_max(self) -> int:
+        return self.ctx.pos_max(self.seq)
+
+    def pos_min(self) -> int:
+        return self.ctx.pos_min(self.seq)
+
+    def clear(self) -> None:
+        self.ctx.clear_seq(self.seq)
+
+    def logits_view(self, i: int) -> np.ndarray:
+        return self.ctx.logits_view(self.row0 + i)
+
+    def logits_block(self, n: int, first: int = 0) -> np.ndarray:
+        return self.ctx.logits_block(n, self.row0 + first)
+
+    @property
+    def n_capture_slots(self) -> int:
+        return self.ctx.n_capture_slots
+
+    def set_capture(self, slot: int, enable: bool = True) -> None:
+        if not 0 <= slot < self.ctx.n_capture_slots:
+            raise LlamaError(f"capture slot {slot} out of range 0..{self.ctx.n_capture_slots - 1}")
+        (self.capture_wish.add if enable else self.capture_wish.discard)(slot)
+
+    def capture_view(self, slot: int, n: int | None = None) -> np.ndarray:
+        n = self.last_n_tokens if n is None else n
+        if not 0 <= n <= self.last_n_tokens:
+            raise LlamaError(f"capture: {n} rows asked, the last decode had {self.last_n_tokens}")
+        return self.ctx.capture_view(slot, self.row0 + n)[self.row0:]
+
+    def capture_into(self, slot: int, out: np.ndarray) -> None:
+        h = self.model.n_embd
+        out.reshape(-1, h)[:] = self.capture_view(slot, out.size // h)
+
+    def capture(self, slot: int) -> np.ndarray:
+        return self.capture_view(slot).copy()
+
+
 class _Batch:
     """A llama_batch made once per context and row width, with numpy views on its arrays.
-    Every row belongs to sequence 0, written once here; a decode writes only tokens (or
-    embeddings), positions and output flags of the rows it uses."""
+    Every row belongs to sequence 0 unless ``assign_seq`` said otherwise; a decode writes only
+    tokens (or embeddings), positions and output flags of the rows it uses."""
 
     def __init__(self, n_batch: int, embd_width: int) -> None:
         self.batch = b = ll.llama_batch_init(n_batch, embd_width, 1)
@@ -642,9 +776,21 @@ class _Batch:
         np.ctypeslib.as_array(b.n_seq_id, shape=(n_batch,))[:] = 1
         for i in range(n_batch):
             b.seq_id[i][0] = 0
+        # the sequence of each row as written in the batch (seq_id is an array of pointers, so
+        # a row's id is rewritten only when it changes)
+        self.seq = np.zeros(n_batch, dtype=np.int32)
+        self.n_other = 0  # rows [0, n_other) may hold ids other than 0
         self.token = np.ctypeslib.as_array(b.token, shape=(n_batch,)) if not embd_width else None
         self.embd = np.ctypeslib.as_array(b.embd, shape=(n_batch, embd_width)) if embd_width else None
         self.iota = np.arange(n_batch, dtype=np.int32)
+
+    def assign_seq(self, i0: int, n: int, seq: int) -> None:
+        ids = self.batch.seq_id
+        for i in np.flatnonzero(self.seq[i0:i0 + n] != seq):
+            ids[i0 + i][0] = seq
+        self.seq[i0:i0 + n] = seq
+        if seq:
+            self.n_other = max(self.n_other, i0 + n)
 
     def free(self) -> None:
         self.pos = self.logits = self.token = self.embd = None

@@ -25,7 +25,7 @@ import threading
 from collections import deque
 
 from laguna_dflash.runtime import constraint as constraint_module
-from laguna_dflash.runtime import engine as engine_module
+from laguna_dflash.runtime import rounds as rounds_module
 from laguna_dflash.runtime.conversation import end_of_turn_tokens
 
 
@@ -107,10 +107,10 @@ def scripted(target):
     """Inside the block, every generation's tokens are the next queued turn's (under a
     constraint: its first tokens, the target writing on)."""
     script = Script(target)
-    real, real_constrained = engine_module.Sampler, constraint_module.ConstrainedSampler
-    engine_module.Sampler = lambda params: ScriptedSampler(script)
+    real, real_constrained = rounds_module.Sampler, constraint_module.ConstrainedSampler
+    rounds_module.Sampler = lambda params: ScriptedSampler(script)
     constraint_module.ConstrainedSampler = lambda params, matcher: ScriptedConstrainedSampler(params, matcher, script)
     try:
         yield script
     finally:
-        engine_module.Sampler, constraint_module.ConstrainedSampler = real, real_constrained
+        rounds_module.Sampler, constraint_module.ConstrainedSampler = real, real_constrained

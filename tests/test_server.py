@@ -302,8 +302,13 @@ def test_waiting_requests_run_first_in_first_out_and_health_answers_meanwhile(mo
                 # the event loop is free while a slot generates: /health answers at once
                 with httpx.Client(base_url=s.url, timeout=10) as h:
                     t0 = time.perf_counter()
-                    assert h.get("/health").json()["queue"] == 3
+                    health = h.get("/health").json()
                     assert time.perf_counter() - t0 < 1.0
+                    assert health["queue"] == 3
+                    assert health["slot_states"] == [{"slot": 0, "state": "decoding", "endpoint": "completions",
+                                                      "n_prompt": len(s.pool.engine.tokenize(LOOPING)),
+                                                      "rounds": health["slot_states"][0]["rounds"]}]
+                    assert scrape(s)['laguna_slot_busy{slot="0"}'] == 1
             for t in threads:
                 t.join(30)
         assert [results[n].status_code for n in "bcd"] == [200, 200, 200]
@@ -403,6 +408,7 @@ def test_metrics_count_what_the_responses_report(srv):
     assert 0 <= after['laguna_acceptance_by_position{position="1"}'] <= 1
     assert delta('laguna_phase_seconds_total{phase="verify"}') > 0
     assert after["laguna_queue_depth"] == 0 and after["laguna_slots"] == 4 and after["laguna_slots_busy"] == 0
+    assert [after[f'laguna_slot_busy{{slot="{i}"}}'] for i in range(4)] == [0, 0, 0, 0]
     assert delta('laguna_requests_total{endpoint="completions",outcome="bad_request"}') == 0
 
 

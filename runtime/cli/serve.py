@@ -94,7 +94,7 @@ def serve(
     depth = n_max if n_max is not None else 4 if pair.drafter is not None else 0
     (default,) = request_options([depth], pair, flags)
     depth = default.n_max
-    flags.threads = threads_for_run(flags.threads, slots=parallel)
+    flags.threads = threads_for_run(flags.threads)  # one context decodes for every slot
 
     import uvicorn
 

@@ -22,6 +22,7 @@ METRICS = {
     "laguna_queue_depth": ("gauge", "Requests waiting for a slot."),
     "laguna_slots_busy": ("gauge", "Slots generating."),
     "laguna_slots": ("gauge", "Engine slots (--parallel)."),
+    "laguna_slot_busy": ("gauge", "1 while this slot runs a request."),
 }
 
 

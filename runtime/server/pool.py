@@ -1,8 +1,9 @@
-"""Engine slots over one loaded model pair, and the FIFO queue in front of them.
+"""The slots of one batched engine over one loaded model pair, and the FIFO queue in front of them.
 
-Each slot is an :class:`~runtime.engine.Engine` (its own target and drafter contexts, its own
-prompt cache) driven by its own worker thread; the asyncio side only submits jobs and reads
-their events, so it never waits on llama.cpp. At most ``len(slots) + max_queue`` jobs are in
+The slots are the sequences of one :class:`~runtime.batch.BatchEngine` (one target context,
+each slot with its own KV stream, drafter context and prompt cache), run by one worker thread
+that decodes every running slot's rows in one pass per round; the asyncio side only submits
+jobs and reads their events, so it never waits on llama.cpp. At most ``len(slots) + max_queue`` jobs are in
 flight: one per busy slot and ``max_queue`` waiting, first in first out; one more is refused
 (:class:`QueueFull`, the server's 503). A waiting job runs on the idle slot whose prompt cache
 holds the longest prefix of its prompt. Cancelling a job (its client went away) drops it from
@@ -18,7 +19,8 @@ import time
 from collections import deque
 from pathlib import Path
 
-from ..engine import Engine, EngineConfig, GenerateOptions, GenerationResult
+from ..batch import BatchEngine, Finished
+from ..engine import EngineConfig, GenerateOptions
 from ..llama import Model
 from ..open_pair import PairFiles, open_models, resolve_pair
 from ..rpc import RpcError
@@ -108,55 +110,46 @@ class Job:
 
 
 class Slot:
-    def __init__(self, index: int, engine: Engine, pool: "SlotPool") -> None:
-        self.index, self.engine, self.pool = index, engine, pool
-        self.job: Job | None = None
-        self._wake = threading.Condition(pool._lock)
-        self.thread = threading.Thread(target=self._work, name=f"laguna-slot-{index}", daemon=True)
+    """A slot of the batched engine and the job running there."""
 
-    def _work(self) -> None:
-        pool = self.pool
-        while True:
-            with pool._lock:
-                while self.job is None and not pool._closed:
-                    self._wake.wait()
-                job = self.job
-                if job is None:  # closed and nothing assigned
-                    return
-            try:
-                pool._execute(self, job)
-            finally:
-                pool._release(self)
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.job: Job | None = None
+        self.pending: list[str] = []  # streamed text not yet handed over
+        self.last_put = 0.0
 
 
 class SlotPool:
-    """N engine slots and a bounded FIFO queue (see the module docstring)."""
+    """The slots of one :class:`~runtime.batch.BatchEngine` and a bounded FIFO queue (see the
+    module docstring)."""
 
-    def __init__(self, engines: list[Engine], max_queue: int, metrics: Metrics | None = None,
+    def __init__(self, engine: BatchEngine, max_queue: int, metrics: Metrics | None = None,
                  history: int = 64) -> None:
-        if not engines:
-            raise ValueError("a slot pool needs at least one engine")
         if max_queue < 0:
             raise ValueError(f"max_queue: expected >= 0, found {max_queue}")
+        self.batch = engine
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()
         self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._closed = False
         self._waiting: deque[Job] = deque()
-        self.slots = [Slot(i, e, self) for i, e in enumerate(engines)]
+        self._starting: list[tuple[Slot, Job]] = []  # assigned, not yet started by the worker
+        self.slots = [Slot(i) for i in range(engine.n_seq)]
         self._idle = list(self.slots)
         self.finished: deque[Job] = deque(maxlen=history)  # the last jobs done (tests, debugging)
         self._owned_models: list[Model] = []
         self.backend_lost: str | None = None  # why no slot can generate any more (an RPC server lost)
+        self._states: dict[int, str] = {}  # running slots' states as of the last round
         self.metrics.set_gauge("laguna_slots", len(self.slots))
         self._update_gauges()
-        for s in self.slots:
-            s.thread.start()
+        self.thread = threading.Thread(target=self._work, name="laguna-batch", daemon=True)
+        self.thread.start()
 
     @property
-    def engine(self) -> Engine:
-        """One of the engines (for what all share: tokenizer, context size, drafter spec)."""
-        return self.slots[0].engine
+    def engine(self) -> BatchEngine:
+        """The engine (for what the slots share: tokenizer, limits, drafter spec)."""
+        return self.batch
 
     # -- submission (event-loop side; never blocks on a generation)
 
@@ -181,6 +174,7 @@ class SlotPool:
             try:
                 self._waiting.remove(job)
             except ValueError:
+                self._wake.notify()
                 return
             self._update_gauges()
         self._finish(job, "cancelled")
@@ -198,7 +192,16 @@ class SlotPool:
 
     def status(self) -> dict:
         with self._lock:
-            return {"slots": len(self.slots), "slots_idle": len(self._idle), "queue": len(self._waiting)}
+            return {"slots": len(self.slots), "slots_idle": len(self._idle), "queue": len(self._waiting),
+                    "slot_states": [self._slot_state(s) for s in self.slots]}
+
+    def _slot_state(self, slot: Slot) -> dict:  # under the lock
+        job = slot.job
+        if job is None:
+            return {"slot": slot.index, "state": "idle"}
+        state = "starting" if job.t_start is None else self._states.get(slot.index, "decoding")
+        return {"slot": slot.index, "state": state, "endpoint": job.endpoint, "n_prompt": len(job.tokens),
+                "rounds": job.rounds}
 
     # -- internals (under self._lock where noted)
 
@@ -210,20 +213,25 @@ class SlotPool:
             job._put(("error", PoolClosed()))
         for job in running:
             job.cancel()
+        with self._lock:
+            self._wake.notify()
 
-    def _best_idle(self, job: Job) -> Slot:  # under the lock: idle engines are not running
-        return max(self._idle, key=lambda s: (s.engine.cached_prefix(job.tokens), -s.index))
+    def _best_idle(self, job: Job) -> Slot:  # under the lock: idle slots are not running
+        return max(self._idle, key=lambda s: (self.batch.cached_prefix(s.index, job.tokens), -s.index))
 
     def _assign(self, slot: Slot, job: Job) -> None:  # under the lock
         self._idle.remove(slot)
         slot.job = job
         job.slot = slot.index
-        slot._wake.notify()
+        self._starting.append((slot, job))
+        self._wake.notify()
 
     def _release(self, slot: Slot) -> None:
         with self._lock:
             slot.job = None
+            slot.pending.clear()
             self._idle.append(slot)
+            self._states.pop(slot.index, None)
             while self._waiting and not self._closed:
                 job = self._waiting.popleft()
                 if not job.cancelled.is_set():
@@ -231,45 +239,97 @@ class SlotPool:
                     break
             self._update_gauges()
 
-    def _update_gauges(self) -> None:
+    def _update_gauges(self) -> None:  # under the lock
         self.metrics.set_gauge("laguna_queue_depth", len(self._waiting))
         self.metrics.set_gauge("laguna_slots_busy", len(self.slots) - len(self._idle))
+        busy = {s.index for s in self.slots if s.job is not None}
+        for s in self.slots:
+            self.metrics.set_gauge("laguna_slot_busy", float(s.index in busy), slot=str(s.index))
 
-    def _execute(self, slot: Slot, job: Job) -> None:
+    def _work(self) -> None:
+        """The one worker: starts assigned jobs, runs rounds while any slot is running, hands
+        each job its text and its end."""
+        batch = self.batch
+        while True:
+            with self._lock:
+                while not self._starting and not batch.running and not self._closed:
+                    self._wake.wait()
+                if self._closed and not batch.running and not self._starting:
+                    return
+                starting, self._starting = self._starting, []
+            for slot, job in starting:
+                self._start(slot, job)
+            if not batch.running:
+                continue
+            try:
+                ended = batch.step()
+            except Exception as e:  # the engine itself failed (closed under us): every job ends
+                ended = [Finished(s.index, [], error=e) for s in self.slots if batch.busy(s.index)]
+                for f in ended:
+                    batch.cancel(f.slot)
+            now = time.perf_counter()
+            ended_slots = {f.slot for f in ended}
+            with self._lock:
+                self._states = {st["slot"]: st["state"] for st in batch.slot_states() if st["state"] != "idle"}
+            for slot in self.slots:
+                if slot.job is not None and slot.index not in ended_slots and batch.busy(slot.index):
+                    self._hand_text(slot, now)
+            for fin in ended:
+                self._end(self.slots[fin.slot], fin)
+
+    def _start(self, slot: Slot, job: Job) -> None:
         job.t_start = time.perf_counter()
         if job.cancelled.is_set():
             self._finish(job, "cancelled")
+            self._release(slot)
             return
         opts = dataclasses.replace(job.options, should_stop=job.should_stop)
-        engine = slot.engine
         try:
-            if job.stream:
-                pending: list[str] = []
-                last = 0.0  # the first text goes out at once
-                for piece in engine.stream(job.tokens, opts):  # cut at the stop string by the engine
-                    pending.append(piece)
-                    now = time.perf_counter()
-                    if now - last >= STREAM_INTERVAL_S:
-                        job._put(("text", "".join(pending)))
-                        pending.clear()
-                        last = now
-                if pending:
-                    job._put(("text", "".join(pending)))
-                stats, reason = engine.last_stats, engine.last_stop_reason
-                outcome = Outcome(tokens=[], text="", stats=stats, stop_reason=reason)
-            else:
-                res: GenerationResult = engine.generate(job.tokens, opts)
-                outcome = Outcome(tokens=res.tokens, text=res.text, stats=res.stats, stop_reason=res.stop_reason)
-        except Exception as e:  # a refused value or a llama.cpp failure: the request's error
-            if isinstance(e, RpcError):
-                self._lose_backend(str(e))
-                e = BackendLost(self.backend_lost)
-            self._finish(job, "error")
-            job._put(("error", e))
+            self.batch.start(slot.index, job.tokens, opts)
+        except Exception as e:  # a refused value: the request's error
+            self._fail(slot, job, e)
             return
+        slot.last_put = 0.0  # the first text goes out at once
+
+    def _hand_text(self, slot: Slot, now: float) -> None:
+        text = self.batch.take_text(slot.index)
+        if not slot.job.stream or not text:
+            if text:
+                slot.pending.append(text)
+            return
+        slot.pending.append(text)
+        if now - slot.last_put >= STREAM_INTERVAL_S:
+            slot.job._put(("text", "".join(slot.pending)))
+            slot.pending.clear()
+            slot.last_put = now
+
+    def _end(self, slot: Slot, fin: Finished) -> None:
+        job = slot.job
+        rest = self.batch.take_text(slot.index)
+        if rest:
+            slot.pending.append(rest)
+        if fin.error is not None:
+            self._fail(slot, job, fin.error)
+            return
+        if job.stream:
+            if slot.pending:
+                job._put(("text", "".join(slot.pending)))
+            outcome = Outcome(tokens=[], text="", stats=fin.stats, stop_reason=fin.stop_reason)
+        else:
+            outcome = Outcome(tokens=list(fin.tokens), text="".join(slot.pending), stats=fin.stats,
+                              stop_reason=fin.stop_reason)
         self.metrics.observe_generation(outcome.stats, job.queue_s)
         self._finish(job, "cancelled" if outcome.stop_reason == "interrupted" else "ok")
+        self._release(slot)
         job._put(("done", outcome))
+
+    def _fail(self, slot: Slot, job: Job, e: BaseException) -> None:
+        if isinstance(e, RpcError):
+            self._lose_backend(str(e))
+            e = BackendLost(self.backend_lost)
+        self._finish(job, "error")
+        self._release(slot)
+        job._put(("error", e))
 
     def _lose_backend(self, why: str) -> None:
         """Every later request gets 503 with the reason; the waiting ones get it now."""
@@ -294,7 +354,7 @@ class SlotPool:
     # -- lifetime
 
     def close(self, timeout: float = 30.0) -> None:
-        """Cancel every job, stop the workers, free the contexts (and the models loaded by
+        """Cancel every job, stop the worker, free the engine (and the models loaded by
         :func:`load_pool`)."""
         with self._lock:
             if self._closed:
@@ -303,17 +363,12 @@ class SlotPool:
             waiting = list(self._waiting)
             self._waiting.clear()
             running = [s.job for s in self.slots if s.job is not None]
-            for s in self.slots:
-                s._wake.notify()
+            self._wake.notify()
         self._cut(waiting, running)
-        alive = False
-        for s in self.slots:
-            s.thread.join(timeout)
-            alive = alive or s.thread.is_alive()
-        if alive:  # a generation that does not stop: leave its contexts alone rather than free them under it
+        self.thread.join(timeout)
+        if self.thread.is_alive():  # a generation that does not stop: leave its contexts alone
             return
-        for s in self.slots:
-            s.engine.close()
+        self.batch.close()
         for m in self._owned_models:
             m.close()
 
@@ -321,23 +376,19 @@ class SlotPool:
 def load_pool(target_path: str | Path, drafter_path: str | Path | None, config: EngineConfig,
               parallel: int = 1, max_queue: int = 16, metrics: Metrics | None = None,
               pair: PairFiles | None = None) -> SlotPool:
-    """Load the target and the drafter once and make ``parallel`` engines over them
+    """Load the target and the drafter once and make a ``parallel``-slot engine over them
     (``pair``: already resolved by the caller, runtime/open_pair.py)."""
     if parallel < 1:
         raise ValueError(f"parallel: expected >= 1, found {parallel}")
     pair = pair or resolve_pair(target_path, drafter_path)
     target, drafter_model = open_models(pair, config)  # RPC servers: probed before any model loads
     models = [m for m in (target, drafter_model) if m is not None]
-    engines: list[Engine] = []
     try:
-        for _ in range(parallel):
-            engines.append(Engine(target, config=config, drafter_model=drafter_model, pair=pair))
+        engine = BatchEngine(target, pair, config, n_seq=parallel, drafter_model=drafter_model)
     except BaseException:
-        for e in engines:
-            e.close()
         for m in models:
             m.close()
         raise
-    pool = SlotPool(engines, max_queue, metrics)
+    pool = SlotPool(engine, max_queue, metrics)
     pool._owned_models = models
     return pool

@@ -1,0 +1,335 @@
+"""Several sequences over one target context: one target decode per round for all of them.
+
+    engine = BatchEngine.open(resolve_pair("target.gguf", "drafter.gguf"), EngineConfig(), n_seq=4)
+    results = engine.generate_all(["def fib(n):", "class Stack:"], GenerateOptions(n_max=4))
+
+Each slot is a llama.cpp sequence of one target context with its own KV stream (cells laid out
+as when it runs alone, ``swa_full`` so that a sliding-window layer's cells stay in position
+order whatever the rollbacks), its own drafter context and its own prompt cache. A round asks
+every running sequence for its rows (runtime/rounds.py: a plain step, a verify block of any
+depth, or the next part of its prompt), decodes them all in one ``llama_decode``, and hands each
+sequence its logits and captured rows; its drafter then reads them. A prompt takes the rows that
+the running sequences leave free in the batch (chunked prefill), so their rounds never wait
+for a whole prompt. Greedy output of a sequence does not depend on what runs beside it: the
+target scores a row the same whatever else the batch holds (tests/test_batch.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from .drafter import Drafter
+from .engine import EngineConfig, GenerationResult, refuse_closed
+from .llama import Context, ContextParams, LlamaError, Model, SeqView
+from .open_pair import PairFiles, open_models
+from .prompt_cache import PromptCache
+from .request import GenerateOptions, PairLimits, check_context
+from .rounds import DepthPolicies, Generation, Rows, generation
+from .stats import Stats
+from .tuner import DepthPolicy
+
+__all__ = ["BatchEngine", "Finished"]
+
+
+@dataclass
+class Finished:
+    """A sequence that ended this round: its result, or the error that ended it."""
+
+    slot: int
+    tokens: list[int]
+    stats: Stats | None = None
+    stop_reason: str | None = None
+    error: BaseException | None = None
+
+
+class _Slot:
+    """One sequence's place: what runtime/rounds.py runs on, and the generation running there."""
+
+    def __init__(self, index: int, engine: "BatchEngine", ctx: SeqView, drafter: Drafter | None) -> None:
+        self.index = index
+        self.target = engine.target
+        self.ctx = ctx
+        self.drafter = drafter
+        self.prompt_cache = PromptCache(engine.config.prompt_cache)
+        self.target_window = engine.pair.target.sliding_window
+        self._policies = DepthPolicies()
+        self.run: Generation | None = None
+        self.rows: Rows | None = None  # what the running generation asks of the next decode
+        self.out: list[int] = []
+        self.texts: list[str] = []
+        self.opts: GenerateOptions | None = None
+        self.started = 0  # start order: the earliest prompt gets the free rows first
+
+    def policy(self, n_max) -> DepthPolicy:
+        return self._policies.get(n_max, self.drafter)
+
+    def forget(self) -> None:
+        self.prompt_cache.forget()
+        self.ctx.clear()
+        if self.drafter is not None:
+            self.drafter.reset()
+
+    @property
+    def state(self) -> str:
+        if self.run is None:
+            return "idle"
+        return "prefill" if self.rows is not None and self.rows.prompt else "decoding"
+
+
+@dataclass
+class _Round:
+    parts: list[tuple[_Slot, list[int], int]] = field(default_factory=list)  # slot, tokens, pos0
+
+
+class BatchEngine:
+    """``n_seq`` slots over one loaded pair and one target context (see the module docstring).
+
+    Not thread-safe: one thread starts sequences and runs rounds (runtime/server/pool.py's
+    worker); ``tokenize``, ``detokenize`` and ``cached_prefix`` may be called from others."""
+
+    def __init__(self, target: Model, pair: PairFiles, config: EngineConfig | None = None, n_seq: int = 1,
+                 drafter_model: Model | None = None) -> None:
+        cfg = self.config = config or EngineConfig()
+        if n_seq < 1:
+            raise ValueError(f"sequences: expected >= 1, found {n_seq}")
+        self.target, self.pair, self.n_seq = target, pair, n_seq
+        self.target_spec = pair.target
+        self._closed = False
+        self._owned: list[Model] = []
+        deepest = pair.max_draft if pair.drafter is not None else 0
+        # every slot's deepest verify block fits one batch; a microbatch takes them all at once
+        n_batch = max(cfg.n_batch, n_seq * (deepest + 1))
+        n_ubatch = min(cfg.n_ubatch or n_batch, n_batch)
+        self.ctx = Context(target, ContextParams(
+            n_ctx=cfg.n_ctx * n_seq, n_batch=n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
+            n_threads=cfg.n_threads, swa_full=True, n_seq=n_seq))
+        self._captured: set[int] = set()
+        self._order = itertools.count()
+        self.slots: list[_Slot] = []
+        try:
+            for i in range(n_seq):
+                view = SeqView(self.ctx, i)
+                drafter = None
+                if pair.drafter is not None:
+                    drafter = Drafter(pair.drafter.path, view, n_gpu_layers=cfg.n_gpu_layers_draft,
+                                      kv_type=cfg.kv_type, n_threads=self.ctx.n_threads, spec=pair.drafter,
+                                      check_target=False, model=drafter_model)
+                    drafter.enable_capture()
+                self.slots.append(_Slot(i, self, view, drafter))
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def open(cls, pair: PairFiles, config: EngineConfig | None = None, n_seq: int = 1) -> "BatchEngine":
+        """An engine over a resolved pair, with models of its own (closed with the engine)."""
+        cfg = config or EngineConfig()
+        target, drafter_model = open_models(pair, cfg)
+        try:
+            engine = cls(target, pair, cfg, n_seq, drafter_model)
+        except BaseException:
+            for m in (drafter_model, target):
+                if m is not None:
+                    m.close()
+            raise
+        engine._owned = [m for m in (drafter_model, target) if m is not None]
+        return engine
+
+    # ------------------------------------------------------------------ what a server reads
+
+    @property
+    def limits(self) -> PairLimits:
+        """What a request may ask of a slot (GenerateOptions.check_limits)."""
+        return self.pair.limits(self.ctx.n_ctx_seq, self.config.n_batch)
+
+    @property
+    def drafter(self) -> Drafter | None:
+        """A slot's drafter (all have the same spec), or None."""
+        return self.slots[0].drafter if self.slots else None
+
+    def _check_open(self) -> None:
+        refuse_closed(self._closed, self.target)
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        self._check_open()
+        return self.target.tokenize(text, add_special=add_bos, parse_special=True)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        self._check_open()
+        return self.target.detokenize(tokens).decode("utf-8", errors="replace")
+
+    def cached_prefix(self, slot: int, tokens) -> int:
+        """How many leading ``tokens`` slot's prompt cache holds (0 while it runs)."""
+        return self.slots[slot].prompt_cache.shared_prefix(tokens)
+
+    def slot_states(self) -> list[dict]:
+        return [{"slot": s.index, "state": s.state, "n_generated": len(s.out) if s.run is not None else 0}
+                for s in self.slots]
+
+    # ------------------------------------------------------------------ running sequences
+
+    def busy(self, slot: int) -> bool:
+        return self.slots[slot].run is not None
+
+    @property
+    def running(self) -> int:
+        return sum(s.run is not None for s in self.slots)
+
+    def start(self, slot: int, prompt: str | list[int], options: GenerateOptions | None = None) -> None:
+        """Start a generation on an idle slot; it runs from the next round. A refused request
+        (a token id outside the vocabulary, limits, context) raises here and starts nothing."""
+        self._check_open()
+        s = self.slots[slot]
+        if s.run is not None:
+            raise LlamaError(f"slot {slot} is running a sequence")
+        opts = options or GenerateOptions()
+        tokens = self.tokenize(prompt, opts.add_bos) if isinstance(prompt, str) else self.target.check_tokens(prompt)
+        if not tokens:
+            raise ValueError("prompt: expected at least one token")
+        opts.check_limits(self.limits)
+        check_context(len(tokens), opts.n_predict, self.ctx.n_ctx_seq)
+        s.out, s.texts, s.opts = [], [], opts
+        run = generation(s, tokens, opts, s.out, s.texts)
+        s.started = next(self._order)
+        try:
+            s.rows = next(run)
+        except BaseException:
+            s.forget()
+            raise
+        s.run = run
+
+    def cancel(self, slot: int) -> Finished | None:
+        """End a slot's generation now (its caches are forgotten); None when it was idle."""
+        s = self.slots[slot]
+        if s.run is None:
+            return None
+        s.run.close()
+        s.forget()
+        return self._end(s, Finished(slot, s.out, Stats(), "interrupted"))
+
+    def take_text(self, slot: int) -> str:
+        """The text a slot's generation produced since the last call."""
+        s = self.slots[slot]
+        text = "".join(s.texts)
+        s.texts.clear()
+        return text
+
+    def step(self) -> list[Finished]:
+        """One round: one target decode over every running sequence's rows; returns the
+        sequences that ended (their text is still to take)."""
+        self._check_open()
+        done: list[Finished] = []
+        rnd = self._plan(done)
+        if not rnd.parts:
+            return done
+        self._switch_capture(rnd)
+        try:
+            firsts = self.ctx.decode_seqs([(s.index, tokens, pos0, len(tokens) - 1 if s.rows.prompt else 0)
+                                           for s, tokens, pos0 in rnd.parts])
+        except Exception as e:  # the target's state is unknown for each of them
+            for s, _, _ in rnd.parts:
+                s.run.close()
+                s.forget()
+                done.append(self._end(s, Finished(s.index, s.out, error=e)))
+            return done
+        for (s, tokens, _), row0 in zip(rnd.parts, firsts):
+            s.ctx.row0, s.ctx.last_n_tokens = row0, len(tokens)
+            try:
+                s.rows = s.run.send(len(tokens))
+            except StopIteration as e:
+                stats, reason = e.value
+                done.append(self._end(s, Finished(s.index, s.out, stats, reason)))
+            except Exception as e:
+                s.run.close()
+                s.forget()
+                done.append(self._end(s, Finished(s.index, s.out, error=e)))
+        return done
+
+    def _plan(self, done: list[Finished]) -> _Round:
+        """Every running sequence's rows: whole blocks first, then prompts in start order take
+        what is left of the batch; in sequence order (llama.cpp groups a microbatch by
+        ascending, consecutive sequence ids)."""
+        rnd = _Round()
+        running = [s for s in self.slots if s.run is not None]
+        free = self.ctx.n_batch - sum(len(s.rows.tokens) for s in running if not s.rows.prompt)
+        take: dict[int, int] = {}
+        for s in sorted((s for s in running if s.rows.prompt), key=lambda s: s.started):
+            n = min(len(s.rows.tokens), free)
+            if n == 0 and s.opts.should_stop is not None and s.opts.should_stop():
+                s.run.close()
+                s.forget()
+                done.append(self._end(s, Finished(s.index, s.out, Stats(), "interrupted")))
+                continue
+            take[s.index] = n
+            free -= n
+        for s in running:
+            if s.run is None:
+                continue
+            n = take.get(s.index, len(s.rows.tokens))
+            if n:
+                rnd.parts.append((s, s.rows.tokens[:n], s.rows.pos0))
+        return rnd
+
+    def _switch_capture(self, rnd: _Round) -> None:
+        """The target captures the layers any sequence of this round wants; switched only on a
+        change (a switch costs the next decode a graph rebuild)."""
+        want: set[int] = set()
+        for s, _, _ in rnd.parts:
+            want |= s.ctx.capture_wish
+        for slot in want ^ self._captured:
+            self.ctx.set_capture(slot, slot in want)
+        self._captured = want
+
+    def _end(self, s: _Slot, fin: Finished) -> Finished:
+        s.run = s.rows = None
+        return fin
+
+    def generate_all(self, prompts: list, options: GenerateOptions | list[GenerateOptions] | None = None
+                     ) -> list[GenerationResult]:
+        """Run prompts to their ends, up to n_seq at a time, each on the first free slot."""
+        opts = options if isinstance(options, list) else [options or GenerateOptions()] * len(prompts)
+        results: list[GenerationResult | None] = [None] * len(prompts)
+        texts: dict[int, list[str]] = {}
+        owner: dict[int, int] = {}
+        pending = list(range(len(prompts)))
+        while pending or owner:
+            for slot in range(self.n_seq):
+                if pending and slot not in owner:
+                    i = pending.pop(0)
+                    self.start(slot, prompts[i], opts[i])
+                    owner[slot], texts[i] = i, []
+            for fin in self.step():
+                i = owner.pop(fin.slot)
+                texts[i].append(self.take_text(fin.slot))
+                if fin.error is not None:
+                    raise fin.error
+                results[i] = GenerationResult(tokens=list(fin.tokens), text="".join(texts[i]), stats=fin.stats,
+                                              stop_reason=fin.stop_reason)
+            for slot, i in owner.items():
+                texts[i].append(self.take_text(slot))
+        return results
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Free the contexts (and the models BatchEngine.open loaded). Closing twice is harmless."""
+        self._closed = True
+        for s in self.slots:
+            if s.run is not None:
+                s.run.close()
+                s.run = None
+            if s.drafter is not None:
+                s.drafter.close()
+        self.slots = []
+        if getattr(self, "ctx", None) is not None:
+            self.ctx.close()
+        for m in self._owned:
+            m.close()
+        self._owned = []
+
+    def __enter__(self) -> "BatchEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

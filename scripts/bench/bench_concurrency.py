@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Concurrent streams: aggregate and per-stream tokens/s and time to first token at 1, 2, 4 and
+8 streams, plain and speculative, for the batched slots (runtime/batch.py: one target decode per
+round for every stream) against separate slots (an Engine and a thread per stream, each with
+its own contexts: the server's slots before the batched engine) (issue 48).
+
+    python scripts/bench/bench_concurrency.py --repeats 5 --threads 2 \\
+        --json docs/results/concurrency/concurrency.json --png docs/results/concurrency/concurrency.png
+
+The workload: ``--requests`` greedy completions of ``--n-predict`` tokens on the bundled code
+pair's prompt file (F16 cache, prompt cache off), served by C streams in a closed loop (each
+stream takes the next request when its last one ends, as C clients would); a run's wall time
+is from the first request to the last token. Every (engine, C, depth) run is one cell; the
+repetitions run every cell once each, in the same order, ``--repeats`` times (interleaved).
+Statistic (fixed before the run): per cell the median over repetitions of the aggregate
+tokens/s (all tokens over the run's wall time), with min-max; per-stream tokens/s is each
+request's tokens over its own time from start to end, TTFT from its start to its first token
+(the prefill's wall time, Stats.t_prefill, in both engines), both the median over the run's requests, then over repetitions. The acceptance ratio is the
+batched cell at C=4, depth 4 over the separate cell at C=1, depth 4 (the same requests run one
+at a time on today's engine), held at >= 1.8 with every batched output equal to the output the
+same request has alone on the batched engine (C=1); outputs are also compared with today's
+engine alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(1, str(ROOT / "scripts"))
+from arguments import int_list  # noqa: E402
+from recorded import command_line, write_results  # noqa: E402
+
+ACCEPTANCE = (4, 4, 1.8)  # streams, depth, aggregate ratio over one at a time
+
+
+def cpu_record() -> dict:
+    """The machine: CPU model, the SIMD flags llama.cpp's CPU backend uses, cores."""
+    model, flags = platform.processor() or "?", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4", "avx512")))
+    from laguna_dflash.runtime.cores import affinity
+
+    return {"model": model, "simd_flags": simd, "cpu_count": os.cpu_count(), "affinity": len(affinity()),
+            "machine": platform.machine()}
+
+
+class Run:
+    """One run's requests: start, first token and end times, tokens."""
+
+    def __init__(self, n: int) -> None:
+        self.t_start, self.t_first, self.t_end = [0.0] * n, [0.0] * n, [0.0] * n
+        self.tokens: list[list[int]] = [[] for _ in range(n)]
+
+    def summary(self, wall: float) -> dict:
+        n_tok = sum(len(t) for t in self.tokens)
+        per = [len(t) / (e - s) for t, s, e in zip(self.tokens, self.t_start, self.t_end)]
+        ttft = [f - s for f, s in zip(self.t_first, self.t_start)]
+        return {"aggregate": n_tok / wall, "per_stream": statistics.median(per), "ttft": statistics.median(ttft),
+                "tokens": n_tok, "wall": wall}
+
+
+def run_batched(engine, prompts, opts, streams: int) -> tuple[dict, list[list[int]]]:
+    run = Run(len(prompts))
+    queue = list(range(len(prompts)))
+    owner: dict[int, int] = {}
+    t0 = time.perf_counter()
+    while queue or owner:
+        for slot in range(streams):
+            if queue and slot not in owner:
+                i = queue.pop(0)
+                run.t_start[i] = time.perf_counter()
+                engine.start(slot, prompts[i], opts)
+                owner[slot] = i
+        ended = engine.step()
+        now = time.perf_counter()
+        for fin in ended:
+            i = owner.pop(fin.slot)
+            if fin.error is not None:
+                raise fin.error
+            engine.take_text(fin.slot)
+            run.tokens[i] = list(fin.tokens)
+            run.t_first[i] = run.t_start[i] + fin.stats.t_prefill
+            run.t_end[i] = now
+    return run.summary(time.perf_counter() - t0), run.tokens
+
+
+def run_separate(engines, prompts, opts, streams: int) -> tuple[dict, list[list[int]]]:
+    run = Run(len(prompts))
+    queue = list(range(len(prompts)))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def client(engine) -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                i = queue.pop(0)
+            run.t_start[i] = time.perf_counter()
+            try:
+                res = engine.generate(prompts[i], opts)
+            except BaseException as e:
+                errors.append(e)
+                return
+            run.t_end[i] = time.perf_counter()
+            run.t_first[i] = run.t_start[i] + res.stats.t_prefill
+            run.tokens[i] = res.tokens
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(e,)) for e in engines[:streams]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return run.summary(time.perf_counter() - t0), run.tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--streams", type=int_list(1, 64), default=(1, 2, 4, 8))
+    ap.add_argument("--depths", type=int_list(0, 15), default=(0, 4))
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--n-predict", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--png", type=Path)
+    args = ap.parse_args(argv)
+    from rich.console import Console
+
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.batch import BatchEngine
+    from laguna_dflash.runtime.cores import CpuMeter, busy_warning
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.llama import Model
+    from laguna_dflash.runtime.open_pair import resolve_pair
+
+    console = Console(stderr=True)
+    pair = resolve_pair(assets.TINY_TARGET, assets.converted_tiny_drafter())
+    cfg = EngineConfig(n_ctx=1024, n_threads=args.threads, kv_type="f16", prompt_cache=False)
+    texts = assets.read_prompts(assets.CODE_PROMPTS)
+    target, drafter = Model(pair.target.path), Model(pair.drafter.path)
+    prompts = [target.tokenize(texts[i % len(texts)]) for i in range(args.requests)]
+    batched = {c: BatchEngine(target, pair, cfg, n_seq=c, drafter_model=drafter) for c in args.streams}
+    separate = [Engine(target, config=cfg, drafter_model=drafter, pair=pair) for _ in range(max(args.streams))]
+    cells = [(kind, c, d) for d in args.depths for c in args.streams for kind in ("batched", "separate")]
+    results: dict[str, list[dict]] = {f"{k} c{c} d{d}": [] for k, c, d in cells}
+    outputs: dict[str, list[list[int]]] = {}
+    differ: dict[str, int] = {}
+    meter = CpuMeter()
+    before = meter.snapshot()
+    for rep in range(args.repeats):
+        for kind, c, d in cells:
+            opts = GenerateOptions(n_predict=args.n_predict, n_max=d)
+            if kind == "batched":
+                summary, tokens = run_batched(batched[c], prompts, opts, c)
+            else:
+                summary, tokens = run_separate(separate, prompts, opts, c)
+            key = f"{kind} c{c} d{d}"
+            results[key].append(summary)
+            outputs.setdefault(key, tokens)
+            if tokens != outputs[key]:
+                differ[key] = differ.get(key, 0) + 1  # a run whose outputs differ from its first
+            console.print(f"rep {rep + 1}/{args.repeats} {key}: {summary['aggregate']:.0f} tok/s")
+    others = meter.others_busy_cores(before, meter.snapshot())
+
+    def med(key: str, field: str) -> dict:
+        vals = [r[field] for r in results[key]]
+        return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+
+    table = {key: {f: med(key, f) for f in ("aggregate", "per_stream", "ttft")} for key in results}
+    solo_key = lambda kind, d: f"{kind} c1 d{d}"  # noqa: E731
+    equal = {}
+    for kind, c, d in cells:
+        key = f"{kind} c{c} d{d}"
+        for ref in ("batched", "separate"):
+            if solo_key(ref, d) in outputs:
+                same = sum(a == b for a, b in zip(outputs[key], outputs[solo_key(ref, d)]))
+                equal.setdefault(key, {})[f"equal_to_{ref}_alone"] = f"{same}/{len(prompts)}"
+    c_acc, d_acc, bar = ACCEPTANCE
+    verdict = None
+    if f"batched c{c_acc} d{d_acc}" in table and solo_key("separate", d_acc) in table:
+        ratios = [b["aggregate"] / s["aggregate"] for b, s in
+                  zip(results[f"batched c{c_acc} d{d_acc}"], results[solo_key("separate", d_acc)])]
+        ratio = table[f"batched c{c_acc} d{d_acc}"]["aggregate"]["median"] / \
+            table[solo_key("separate", d_acc)]["aggregate"]["median"]
+        exact = equal[f"batched c{c_acc} d{d_acc}"]["equal_to_batched_alone"] == f"{len(prompts)}/{len(prompts)}"
+        verdict = {"ratio_of_medians": ratio, "per_repetition_ratios": ratios, "bar": bar,
+                   "outputs_equal_alone": exact, "held": ratio >= bar and exact}
+    result = {"command": command_line(__file__, argv), "cpu": cpu_record(), "threads": args.threads,
+              "requests": args.requests, "n_predict": args.n_predict, "repeats": args.repeats,
+              "pair": "code", "cache": "f16", "others_busy_cores": others, "cells": table,
+              "outputs": equal, "runs_whose_outputs_changed": differ, "acceptance": verdict}
+    warning = busy_warning(others)
+    if warning:
+        console.print(warning)
+    for key, row in table.items():
+        console.print(f"{key:22s} aggregate {row['aggregate']['median']:7.1f} tok/s "
+                      f"({row['aggregate']['min']:.1f}-{row['aggregate']['max']:.1f}), per stream "
+                      f"{row['per_stream']['median']:6.1f}, TTFT {row['ttft']['median'] * 1e3:6.0f} ms  {equal.get(key)}")
+    if verdict:
+        console.print(f"acceptance: batched c{c_acc} d{d_acc} / separate c1 d{d_acc} = {verdict['ratio_of_medians']:.2f}x "
+                      f"(bar {bar}), outputs equal alone: {verdict['outputs_equal_alone']} -> "
+                      f"{'held' if verdict['held'] else 'not held'}")
+    write_results(result, args.json, args.png, plot, console)
+    for e in batched.values():
+        e.close()
+    for e in separate:
+        e.close()
+    drafter.close()
+    target.close()
+    return 0
+
+
+def plot(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = result["cells"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for kind, style in (("batched", "-"), ("separate", "--")):
+        for depth, color in (("0", "tab:blue"), ("4", "tab:orange")):
+            keys = sorted((k for k in cells if k.startswith(kind) and k.endswith(f"d{depth}")),
+                          key=lambda k: int(k.split()[1][1:]))
+            if not keys:
+                continue
+            xs = [int(k.split()[1][1:]) for k in keys]
+            label = f"{kind}, {'plain' if depth == '0' else f'depth {depth}'}"
+            axes[0].errorbar(xs, [cells[k]["aggregate"]["median"] for k in keys],
+                             yerr=[[cells[k]["aggregate"]["median"] - cells[k]["aggregate"]["min"] for k in keys],
+                                   [cells[k]["aggregate"]["max"] - cells[k]["aggregate"]["median"] for k in keys]],
+                             linestyle=style, color=color, marker="o", capsize=3, label=label)
+            axes[1].plot(xs, [cells[k]["ttft"]["median"] * 1e3 for k in keys], linestyle=style, color=color,
+                         marker="o", label=label)
+    axes[0].set(xlabel="concurrent streams", ylabel="aggregate tokens/s (median, min-max)", xscale="log", xticks=[1, 2, 4, 8])
+    axes[1].set(xlabel="concurrent streams", ylabel="time to first token, ms (median)", xscale="log", xticks=[1, 2, 4, 8])
+    for ax in axes:
+        ax.set_xticklabels(["1", "2", "4", "8"])
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    cpu = result["cpu"]
+    fig.suptitle(f"bundled code pair, -t {result['threads']}, {result['requests']} x {result['n_predict']} tokens, "
+                 f"{cpu['model']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,146 @@
+"""The batched engine: every running sequence's rows in one target decode per round, and each
+request's output exactly what it is when the request runs alone (issue 48).
+
+The references run one request at a time on a one-slot engine; the batched runs start
+requests at random rounds on random free slots of 2-8 slots, cancel some mid-way and mix depths
+(plain, fixed depths, auto) and a seeded sampler. Exact means the same tokens, and for the
+drafter the same drafts: the same rounds, drafts and acceptances, which only holds if every
+slot's drafter reads its own sequence's captured rows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from laguna_dflash.runtime import assets
+from laguna_dflash.runtime.batch import BatchEngine
+from laguna_dflash.runtime.engine import EngineConfig, GenerateOptions
+from laguna_dflash.runtime.open_pair import resolve_pair
+from laguna_dflash.runtime.sampling import SamplingParams
+
+PROMPTS = assets.read_prompts(assets.CODE_PROMPTS)
+CONFIG = dict(n_ctx=512, n_threads=1, kv_type="f16", prompt_cache=False)
+
+
+def requests() -> list[tuple[str, GenerateOptions]]:
+    """Twelve requests: depths 0, 1, 3, 4, 7 and auto, two sampled with a seed."""
+    rng = random.Random(48)
+    out = []
+    for i in range(12):
+        depth = [0, 1, 3, 4, 7, "auto"][i % 6]
+        sampling = SamplingParams(temperature=0.8, top_k=40, seed=100 + i) if i in (2, 9) else SamplingParams()
+        out.append((PROMPTS[i % 5], GenerateOptions(n_predict=rng.randint(12, 40), n_max=depth,
+                                                               sampling=sampling)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return resolve_pair(assets.TINY_TARGET, assets.converted_tiny_drafter())
+
+
+@pytest.fixture(scope="module")
+def solo(pair):
+    """Each request alone on a one-slot engine: tokens and (rounds, drafted, accepted)."""
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=1) as engine:
+        return [_summary(engine.generate_all([p], o)[0]) for p, o in requests()]
+
+
+def _summary(result) -> tuple:
+    s = result.stats
+    return result.tokens, (s.rounds, s.drafted, s.accepted)
+
+
+@pytest.mark.parametrize("n_seq,prompt_cache", [(1, True), (2, False), (4, True), (8, False)])
+def test_each_request_equals_its_solo_output_among_arrivals_and_cancellations(pair, solo, n_seq, prompt_cache):
+    """With the prompt cache on, a request may start from what its slot kept of an earlier one
+    (the prompts repeat): the same tokens still, but its first drafts may see fewer rows."""
+    reqs = requests()
+    rng = random.Random(n_seq)
+    cancel_at = {i: rng.randint(1, 6) for i in rng.sample(range(len(reqs)), 3)}  # request -> its round
+    engine = BatchEngine.open(pair, EngineConfig(**{**CONFIG, "prompt_cache": prompt_cache}), n_seq=n_seq)
+    try:
+        pending = list(range(len(reqs)))
+        owner: dict[int, int] = {}
+        rounds: dict[int, int] = {}
+        results: dict[int, tuple] = {}
+        widest = 0
+        while pending or owner:
+            free = [s for s in range(n_seq) if s not in owner]
+            while pending and free and (not owner or rng.random() < 0.7):
+                i = pending.pop(0)
+                slot = free.pop(rng.randrange(len(free)))
+                engine.start(slot, reqs[i][0], reqs[i][1])
+                owner[slot], rounds[i] = i, 0
+            widest = max(widest, engine.running)
+            for fin in engine.step():
+                i = owner.pop(fin.slot)
+                assert fin.error is None, fin.error
+                results[i] = (list(fin.tokens), fin.stop_reason, fin.stats)
+            for slot, i in list(owner.items()):
+                rounds[i] += 1
+                if cancel_at.get(i) == rounds[i]:
+                    fin = engine.cancel(slot)
+                    del owner[slot]
+                    results[i] = (list(fin.tokens), "interrupted", None)
+        assert widest == n_seq, "the schedule never filled every slot"
+        if prompt_cache:
+            assert any(s.n_cached for _, reason, s in results.values() if s is not None), "no prompt reused"
+        for i, (tokens, reason, stats) in results.items():
+            want_tokens, want_counts = solo[i]
+            if reason == "interrupted":
+                assert tokens == want_tokens[:len(tokens)], f"request {i}: cancelled output is not a prefix of its own"
+                continue
+            assert tokens == want_tokens, f"request {i} (n_max {reqs[i][1].n_max}) differs from its solo output"
+            if reqs[i][1].n_max != "auto" and not prompt_cache:  # auto's depths follow the round's wall time
+                assert (stats.rounds, stats.drafted, stats.accepted) == want_counts, f"request {i}: other drafts"
+    finally:
+        engine.close()
+
+
+def test_one_round_is_one_target_decode_over_every_running_sequence(pair, monkeypatch):
+    from laguna_dflash.runtime import llama
+
+    calls = []
+    real = llama.Context.decode_seqs
+    monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: calls.append(
+        [(seq, len(t)) for seq, t, _, _ in parts]) or real(self, parts))
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=3) as engine:
+        for slot, depth in enumerate((0, 2, 4)):
+            engine.start(slot, PROMPTS[slot][:80], GenerateOptions(n_predict=20, n_max=depth))
+        engine.step()  # the three prompts
+        assert [seq for seq, _ in calls[0]] == [0, 1, 2]
+        engine.step()
+        assert calls[1] == [(0, 1), (1, 3), (2, 5)]  # a plain row and two verify blocks, one pass
+
+
+def test_a_long_prompt_is_prefilled_in_parts_between_the_others_rounds(pair):
+    long_prompt = "\n".join(PROMPTS[:4])
+    with BatchEngine.open(pair, EngineConfig(**{**CONFIG, "n_ctx": 4096, "n_batch": 64}), n_seq=2) as engine:
+        n_long = len(engine.tokenize(long_prompt))
+        assert n_long > 4 * 64
+        engine.start(0, PROMPTS[0][:60], GenerateOptions(n_predict=200, n_max=4))
+        engine.step()
+        assert engine.slots[0].state == "decoding"
+        engine.start(1, long_prompt, GenerateOptions(n_predict=4, n_max=4))
+        states = []
+        while engine.slots[1].state == "prefill":
+            n0 = len(engine.slots[0].out)
+            engine.step()
+            states.append(len(engine.slots[0].out) > n0)
+        assert len(states) >= 4 and all(states), "the decoding slot stalled while the other prefilled"
+    with BatchEngine.open(pair, EngineConfig(**{**CONFIG, "n_ctx": 4096}), n_seq=1) as engine:
+        alone = engine.generate_all([long_prompt], GenerateOptions(n_predict=4, n_max=4))[0]
+    with BatchEngine.open(pair, EngineConfig(**{**CONFIG, "n_ctx": 4096, "n_batch": 64}), n_seq=2) as engine:
+        both = engine.generate_all([PROMPTS[0][:60], long_prompt], GenerateOptions(n_predict=4, n_max=4))
+    assert both[1].tokens == alone.tokens
+
+
+def test_a_refused_request_starts_nothing_and_the_slot_stays_free(pair):
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=2) as engine:
+        with pytest.raises(ValueError, match="token id out of range"):
+            engine.start(0, [1, 2, 10 ** 9], GenerateOptions(n_predict=4))
+        assert not engine.busy(0)
+        out = engine.generate_all([PROMPTS[0]], GenerateOptions(n_predict=4))
+        assert len(out[0].tokens) == 4
