@@ -87,6 +87,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 THINK, END_THINK, ASSISTANT = "<think>", "</think>", "<assistant>"
+#: the texts of the tokens that end an assistant turn in Laguna's template, besides what
+#: llama.cpp marks end-of-generation in the GGUF (Laguna's generation_config: eos [2, 24])
+END_OF_TURN = ("</assistant>", "〈|EOS|〉")
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 KEY_OPEN, KEY_CLOSE = "<arg_key>", "</arg_key>"
 VALUE_OPEN, VALUE_CLOSE = "<arg_value>", "</arg_value>"

@@ -20,12 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..convert.errors import UserError
-from .chat import ResponseParser, parse_response, starts_in_reasoning
+from .chat import END_OF_TURN, ResponseParser, parse_response, starts_in_reasoning
 from .chat_template import ChatTemplate
 
-#: the texts of the tokens that end an assistant turn in Laguna's template, besides what
-#: llama.cpp marks end-of-generation in the GGUF (Laguna's generation_config: eos [2, 24])
-END_OF_TURN = ("</assistant>", "〈|EOS|〉")
 TOOL_CHOICES = ("auto", "none", "required")
 
 
@@ -42,7 +39,7 @@ def end_of_turn_tokens(model) -> tuple[int, ...]:
 def check_tool_choice(tool_choice: Any) -> str | dict[str, Any]:
     """``auto`` (also for None), ``none``, ``required``, or a named function as OpenAI writes it,
     ``{"type": "function", "function": {"name": NAME}}`` (returned in that form). Whether the
-    name is among the request's tools is the constraint's to say (runtime/constraint.py)."""
+    name is among the request's tools is the constraint's to say (runtime/constraint/)."""
     if tool_choice is None:
         return "auto"
     if isinstance(tool_choice, str) and tool_choice in TOOL_CHOICES:
@@ -105,6 +102,16 @@ class ChatTurn:
 
         return tool_choice_constraint(self.tools, self.tool_choice, parallel_tool_calls=self.parallel_tool_calls,
                                       after_reasoning=self.reasoning)
+
+    def declared_calls(self):
+        """With ``tool_choice: "auto"`` and tools: the constraint that holds a call, once opened,
+        to the tools (free text otherwise); None else."""
+        from .constraint import declared_calls_constraint
+
+        if self.tool_choice != "auto":
+            return None
+        return declared_calls_constraint(self.tools, parallel_tool_calls=self.parallel_tool_calls,
+                                         after_reasoning=self.reasoning)
 
     def parser(self) -> ResponseParser:
         return ResponseParser(self.tools, self.reasoning, tool_calls=self.tool_calls,

@@ -1,6 +1,6 @@
 """Errors that modules on both sides of an import would otherwise pull from each other: the
 llama.cpp layer's (runtime/llama.py and runtime/rpc.py; llama.py re-exports them) and a request
-field's (runtime/request.py re-exports it; runtime/constraint.py raises it and request.py checks
+field's (runtime/request.py re-exports it; runtime/constraint/ raises it and request.py checks
 constraints)."""
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def check_end_tokens(value: object) -> tuple[int, ...]:
 
 def check_constraint(value: object):
     """A runtime.constraint.Constraint, or one compiled for the target (compile_constraint), by
-    their marker: this module sits below runtime/constraint.py, which builds on RequestError."""
+    their marker: this module sits below runtime/constraint/, which builds on RequestError."""
     if value is None:
         return None
     if not getattr(value, "is_output_constraint", False):
@@ -159,7 +159,7 @@ class GenerateOptions:
     end_tokens: tuple[int, ...] = ()
     # special tokens written as their text (chat: the reply parser reads <think>, <tool_call>)
     special_text: bool = False
-    # structured output (runtime/constraint.py): a Constraint, or one compiled for the target;
+    # structured output (runtime/constraint/): a Constraint, or one compiled for the target;
     # the output then matches it, and generation ends ("eog") when it is complete
     constraint: object | None = None
 

@@ -14,8 +14,10 @@ speculation included (few drafts are accepted: the drafter predicts the real tar
 
 Under an output constraint (``tool_choice: "required"``, a JSON schema) the script leads and
 the target follows: each scripted token must be one the constraint allows (else ValueError),
-and after the script the target's own choices continue under the constraint, so a script of
-reasoning up to ``</think>`` shows what the target writes where the constraint takes over.
+and after the script the turn ends where the constraint allows it to (``tool_choice: "auto"``
+holds calls to the tools but lets text end), else the target's own choices continue under the
+constraint, so a script of reasoning up to ``</think>`` shows what the target writes where a
+forced call takes over.
 """
 
 from __future__ import annotations
@@ -77,14 +79,24 @@ class ScriptedSampler:
 
 
 class ScriptedConstrainedSampler(constraint_module.ConstrainedSampler):
-    """The script's tokens, each consumed by the constraint's matcher, then the target's own
-    constrained choices."""
+    """The script's tokens, each consumed by the constraint's matcher, then the end of the turn
+    where the constraint allows it, else the target's own constrained choices."""
 
     def __init__(self, params, matcher, script: Script) -> None:
         super().__init__(params, matcher)
         self._tokens = deque(script.next_turn())
+        self._end = script.end
+
+    def _ends(self) -> bool:
+        """The script is over and the constraint lets the turn end here (tool_choice auto): the
+        end token, consumed. Else the target writes on under it (a forced call after scripted
+        reasoning)."""
+        return (not self._tokens and self.matcher.accepting and not self.matcher.ended
+                and self.matcher.try_consume([self._end]) == 1)
 
     def sample(self, logits, history=()) -> int:
+        if self._ends():
+            return self._end
         if not self._tokens:
             return super().sample(logits, history)
         token = self._tokens.popleft()
@@ -92,6 +104,8 @@ class ScriptedConstrainedSampler(constraint_module.ConstrainedSampler):
         return token
 
     def accept(self, logits, drafts, history=()) -> tuple[int, int]:
+        if self._ends():
+            return 0, self._end
         if not self._tokens:
             return super().accept(logits, drafts, history)
         n = 0

@@ -146,6 +146,52 @@ def test_the_whole_transcript_is_the_same_at_n_max_0_and_4_streamed_and_not(srv,
     assert any(len(r.turns) > 1 for r in runs.values())
 
 
+def test_once_a_call_opens_only_a_declared_tool_and_valid_arguments_may_follow(agent_pair):
+    from laguna_dflash.runtime.constraint import compile_constraint, declared_calls_constraint
+
+    target = agent_pair[0]
+    declared = [t for t in TOOLS if t["function"]["name"] in ("read_file", "list_dir")]
+    matcher = compile_constraint(declared_calls_constraint(declared), target).matcher()
+
+    def admitted(text: str) -> str:
+        tokens = target.tokenize(text, add_special=False, parse_special=True)
+        n = matcher.admissible(tokens)
+        return b"".join(target.token_bytes(t, special=True) for t in tokens[:n]).decode("utf-8", "replace")
+
+    free = "Let me look at the file first, <b>then</b> answer. "
+    good = "<tool_call>read_file<arg_key>path</arg_key><arg_value>textwrap.py</arg_value></tool_call>"
+    assert admitted(free + good) == free + good  # text is free; a declared call passes whole
+    assert admitted(free + "<tool_call>grep<arg_key>") .startswith(free + "<tool_call>")
+    assert "grep" not in admitted(free + "<tool_call>grep<arg_key>")
+    bad_args = "<tool_call>read_file<arg_key>size</arg_key>"
+    assert admitted(bad_args) != bad_args  # a parameter the schema does not have
+    matcher.consume(target.tokenize(free + good, add_special=False, parse_special=True))
+    assert matcher.accepting  # the turn may end after a call
+
+
+def test_calls_name_only_declared_tools_with_valid_arguments_exactly_under_speculation(srv, tasks):
+    # the pair was trained on four tools; offered two, it is held to them once it opens a call
+    jsonschema = pytest.importorskip("jsonschema")
+    declared = [t for t in TOOLS if t["function"]["name"] in ("read_file", "list_dir")]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in declared}
+    c = client(srv)
+    n_calls = 0
+    for task in tasks:
+        replies = {}
+        for n_max in (0, 4):
+            r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": task.user}], tools=declared,
+                                          temperature=0, max_tokens=MAX_TOKENS, extra_body={"n_max": n_max})
+            replies[n_max] = r.choices[0].message
+            for call in r.choices[0].message.tool_calls or ():
+                assert call.function.name in schemas, (task.family, call.function.name)
+                jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+                n_calls += 1
+        assert replies[0].model_dump() == {**replies[4].model_dump(), "tool_calls": replies[0].model_dump()["tool_calls"]}
+        assert [(t.function.name, t.function.arguments) for t in replies[0].tool_calls or ()] == \
+            [(t.function.name, t.function.arguments) for t in replies[4].tool_calls or ()]
+    assert n_calls > 0
+
+
 # ---------------------------------------------------------------------------------------- pydantic-ai
 
 
@@ -225,6 +271,6 @@ def test_the_command_line_refuses_a_mistake_in_one_line(argv, words, capsys):
 def test_the_command_line_says_what_the_server_refused_in_one_line(srv, capsys):
     from agent import main
 
-    assert main(["--base-url", srv.url + "/v1", "--max-tokens", "100000", "question"]) == 2
+    assert main(["--base-url", srv.url + "/v1", "--n-max", "99", "question"]) == 2  # beyond the drafter's block
     err = capsys.readouterr().err
     assert err.startswith(f"agent.py: the server at {srv.url}/v1 answered 400: ") and err.count("\n") == 1

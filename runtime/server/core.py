@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -44,6 +45,8 @@ from .pool import BackendLost, Job, PoolClosed, QueueFull, SlotPool
 
 #: the request fields a renderer's one-line error can start with; any other is the template's
 CHAT_PARAMS = ("messages", "tools", "tool_choice", "chat_template_kwargs")
+
+log = logging.getLogger("laguna_dflash.server")
 
 
 class ApiError(Exception):
@@ -273,14 +276,25 @@ class Server:
     def _constraint(self, call: Call, turn: ChatTurn | None):
         """The call's output constraint compiled for the target (cached per schema), or None:
         ``tool_choice`` ``required`` or a named function, else ``response_format``, ``grammar``
-        or ``json_schema``. A chat prompt that leaves the model inside reasoning (it ends in
+        or ``json_schema``, else (``auto`` with tools) calls held to the declared tools. A chat prompt that leaves the model inside reasoning (it ends in
         <think>) lets the reasoning run free up to </think> first."""
-        from ..constraint import compile_constraint, constraint_from_request
+        from ..constraint import ConstraintError, compile_constraint, constraint_from_request
 
         constraint = constraint_from_request(call.response_format, call.grammar, call.json_schema,
                                              forced_call=turn.constraint() if turn is not None else None,
+                                             declared_calls=turn.declared_calls() if turn is not None else None,
                                              after_reasoning=turn is not None and turn.reasoning)
-        return None if constraint is None else compile_constraint(constraint, self.target)
+        if constraint is None:
+            return None
+        try:
+            return compile_constraint(constraint, self.target)
+        except ConstraintError as e:
+            if not constraint.declared_calls:
+                raise
+            # tools whose schemas cannot be compiled (beyond the limits, a keyword the grammar
+            # cannot hold) still serve, unconstrained, as before: only a forced call needs them
+            _log_once(f"tool calls not held to the tools' schemas: {e.render(call.param(e.field))}")
+            return None
 
     # ------------------------------------------------------------------ running
 
@@ -414,6 +428,15 @@ class Server:
         finally:
             if not job.finished:  # the client went away mid-stream (or the server stops)
                 self.pool.cancel(job)
+
+
+_logged: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        log.warning("%s", message)
 
 
 def _text_length(content: Any) -> int:

@@ -15,7 +15,7 @@ this server serves:
 
 Structured output: ``response_format`` (``text``, ``json_object``, ``json_schema`` with ``schema``
 and ``strict``) and llama-server's ``grammar`` (GBNF) and ``json_schema``; checked and compiled by
-runtime/constraint.py, a bad one a 400 naming the field.
+runtime/constraint/, a bad one a 400 naming the field.
 
 Extensions (llama-server's and vLLM's names): ``top_k``, ``min_p``, ``repeat_penalty``,
 ``repeat_last_n``, ``chat_template_kwargs`` (template variables such as ``enable_thinking``),
@@ -114,7 +114,7 @@ class GenerationFields(Strict):
     n: int | None = None
     user: str | None = None
     n_max: int | Literal["auto"] | None = None
-    # structured output (runtime/constraint.py reads them, naming each field in its errors)
+    # structured output (runtime/constraint/ reads them, naming each field in its errors)
     response_format: dict[str, Any] | None = None
     grammar: str | None = None
     json_schema: dict[str, Any] | bool | None = None
