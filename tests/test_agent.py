@@ -192,6 +192,104 @@ def test_calls_name_only_declared_tools_with_valid_arguments_exactly_under_specu
     assert n_calls > 0
 
 
+# ---------------------------------------------------------------------------------------- the other APIs
+
+
+def said(transcript: list[dict]) -> list[tuple]:
+    """What each turn said and did, whatever the API: (content, reasoning, calls) per reply and
+    each tool result."""
+    out = []
+    for m in transcript:
+        if m["role"] == "assistant":
+            out.append(((m.get("content") or "").strip(), m.get("reasoning_content") or "",
+                        [(c["function"]["name"], parse(c["function"]["arguments"])) for c in m.get("tool_calls") or ()]))
+        else:
+            out.append(m["content"])
+    return out
+
+
+def parse(arguments):
+    return json.loads(arguments) if isinstance(arguments, str) else arguments
+
+
+def messages_run(s, task, workspace, *, thinking: bool, stream: bool) -> list[dict]:
+    """One task through the official anthropic client: tool_use blocks run, tool_result blocks
+    sent back, until a reply calls nothing; the transcript in OpenAI's shapes."""
+    anthropic = pytest.importorskip("anthropic")
+    c = anthropic.Anthropic(base_url=s.url, api_key="unused", max_retries=0, timeout=600)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    messages, transcript = [{"role": "user", "content": task.user}], []
+    for _ in range(6):
+        kw = dict(model=MODEL, max_tokens=MAX_TOKENS, messages=messages, tools=tools,
+                  thinking={"type": "enabled", "budget_tokens": 1024} if thinking else {"type": "disabled"})
+        if stream:
+            with c.messages.stream(**kw) as events:
+                reply = events.get_final_message()
+        else:
+            reply = c.messages.create(**kw)
+        uses = [b for b in reply.content if b.type == "tool_use"]
+        transcript.append({"role": "assistant", "content": "".join(b.text for b in reply.content if b.type == "text"),
+                           "reasoning_content": "".join(b.thinking for b in reply.content if b.type == "thinking"),
+                           "tool_calls": [{"id": u.id, "function": {"name": u.name, "arguments": u.input}}
+                                          for u in uses]})
+        messages.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+        if not uses:
+            assert reply.stop_reason in ("end_turn", "max_tokens")
+            break
+        assert reply.stop_reason == "tool_use"
+        results = [{"type": "tool_result", "tool_use_id": u.id, "content": workspace.call(u.name, u.input)}
+                   for u in uses]
+        transcript += [{"role": "tool", "content": r["content"]} for r in results]
+        messages.append({"role": "user", "content": results})
+    return transcript
+
+
+def responses_run(s, task, workspace, *, thinking: bool, stream: bool) -> list[dict]:
+    """One task through the openai client's Responses API: function_call items run,
+    function_call_output items sent back."""
+    c = client(s)
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    items, transcript = [{"role": "user", "content": task.user}], []
+    for _ in range(6):
+        kw = dict(model=MODEL, input=items, tools=tools, max_output_tokens=MAX_TOKENS, temperature=0,
+                  reasoning={"effort": "medium" if thinking else "none"})
+        if stream:
+            with c.responses.stream(**kw) as events:
+                reply = events.get_final_response()
+        else:
+            reply = c.responses.create(**kw)
+        calls = [i for i in reply.output if i.type == "function_call"]
+        transcript.append({"role": "assistant", "content": reply.output_text,
+                           "reasoning_content": "".join(p.text for i in reply.output if i.type == "reasoning"
+                                                        for p in i.content or ()),
+                           "tool_calls": [{"id": f.call_id, "function": {"name": f.name, "arguments": f.arguments}}
+                                          for f in calls]})
+        items += [i.model_dump(exclude_none=True) for i in reply.output]
+        if not calls:
+            break
+        outputs = [{"type": "function_call_output", "call_id": f.call_id,
+                    "output": workspace.call(f.name, json.loads(f.arguments))} for f in calls]
+        transcript += [{"role": "tool", "content": o["output"]} for o in outputs]
+        items += outputs
+    return transcript
+
+
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking-off", "thinking-on"])
+def test_anthropic_and_responses_clients_run_the_same_agent_turns(srv, tasks, workspace, thinking):
+    # the same prompt whatever the API, so the same greedy replies: calls, their results, answers
+    c = client(srv)
+    for task in (next(t for t in tasks if t.family == f) for f in LOOP_TASKS):
+        reference = said(run_task(c, task.user, workspace, model=MODEL, n_max=4, thinking=thinking,
+                                  max_tokens=MAX_TOKENS).transcript)
+        assert any(isinstance(m, tuple) and m[2] for m in reference)  # a call, its result, an answer
+        for stream in (False, True):
+            assert said(messages_run(srv, task, workspace, thinking=thinking, stream=stream)) == reference, \
+                (task.family, "messages", stream)
+            assert said(responses_run(srv, task, workspace, thinking=thinking, stream=stream)) == reference, \
+                (task.family, "responses", stream)
+
+
 # ---------------------------------------------------------------------------------------- pydantic-ai
 
 
