@@ -5,12 +5,13 @@ range, its help line and its default.
     SAMPLING["top_p"].flag                  # "--top-p": what the CLI calls it in an error
     SAMPLING["top_p"].option()              # the typer option of run's --top-p
 
-Three groups: :data:`SAMPLING` (how tokens are drawn: the CLI's flags, the server's request
+The groups: :data:`SAMPLING` (how tokens are drawn: the CLI's flags, the server's request
 fields, :class:`~runtime.sampling.SamplingParams`), :data:`REQUEST` (what else one generation
-takes), :data:`PAIR` (the models, the context and their placement: run, bench, serve) and
-:data:`SERVER` (serve's own), and :data:`RPC_SERVER` (laguna-rpc-server's). The CLI builds its options from them (runtime/cli/options.py),
-SamplingParams and GenerateOptions check their values with them, and the server names a value's
-JSON parameter by them, so a range, and its wording in an error, exists in one place.
+takes), :data:`PAIR` (the models, the context and their placement: run, bench, serve),
+:data:`SERVER` (serve's own) and :data:`RPC_SERVER` (laguna-rpc-server's). The CLI builds its
+options from them (runtime/cli/options.py), SamplingParams and GenerateOptions check their values
+with them, and the server names a value's JSON parameter by them, so a range, and its wording in
+an error, exists in one place.
 """
 
 from __future__ import annotations
@@ -317,8 +318,9 @@ GROUPS = (SAMPLING, REQUEST, PAIR, SERVER, RPC_SERVER)
 
 
 def find(field: str) -> Param | None:
-    """The param of a request field (None when no group declares it)."""
-    return next((g[field] for g in GROUPS if field in g), None)
+    """The param of a field a RequestError names (None when no group declares it): a request's
+    own, or the pair's (a verify pass that does not fit the batch)."""
+    return next((g[field] for g in (SAMPLING, REQUEST, PAIR) if field in g), None)
 
 
 def flag_of(field: str) -> str:
