@@ -28,6 +28,7 @@ from . import bindings
 ll = bindings.lowlevel()  # a one-line error, not an ImportError, when llama-cpp-python is missing
 from .cores import threads_for_run
 from .errors import ClosedError, LlamaError
+from .params import MAX_SEQ
 from ..convert.gguf import keys as K
 
 GGUF_MAGIC = b"GGUF"
@@ -273,7 +274,6 @@ class Model(_NativeHandle):
 # ---------------------------------------------------------------------------- context
 
 _SMALL = 32  # batches up to this many rows are filled item by item (see Context._fill_small)
-MAX_SEQ = 256  # LLAMA_MAX_SEQ (llama-cparams.h): sequences one context may hold
 SWA_PAD = 256  # llama.cpp pads a sliding-window KV cache to a multiple of this many cells
 
 

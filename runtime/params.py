@@ -31,8 +31,9 @@ from .errors import RequestError
 
 #: llama.cpp keeps sizes in 32-bit integers
 MAX_SIZE = (1 << 31) - 1
-#: more server slots than this on one machine is a typo (each holds its own contexts)
-MAX_PARALLEL = 256
+#: llama.cpp's LLAMA_MAX_SEQ (llama-cparams.h): the sequences one context holds, so the most slots a
+#: server has (each is a sequence of one target context: runtime/batch.py)
+MAX_SEQ = 256
 #: stop strings per request (OpenAI allows 4; llama-server any number)
 MAX_STOPS = 16
 
@@ -283,8 +284,8 @@ PAIR = Group(
 SERVER = Group(
     Param("host", ("--host",), "Address to listen on (127.0.0.1: this machine only).", str, "127.0.0.1"),
     Param("port", ("--port",), "TCP port (0: any free one, printed at start).", int, 8080, lo=0, hi=65535),
-    Param("parallel", ("--parallel", "-np"), "Engine slots: sequences generated at once, each with its own "
-          "contexts over the one loaded pair.", int, 1, lo=1, hi=MAX_PARALLEL),
+    Param("parallel", ("--parallel", "-np"), "Engine slots: requests generated at once over the one loaded "
+          "pair.", int, 1, lo=1, hi=MAX_SEQ),
     Param("max_queue", ("--max-queue",), "Requests that may wait for a slot (first in, first out); one more "
           "gets 503.", int, 16, lo=0, hi=MAX_SIZE),
     Param("max_body_bytes", ("--max-body-bytes",), "Largest request body in bytes; a larger one is answered 413 "
