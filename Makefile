@@ -25,7 +25,7 @@ wheel-cuda:
 ## Compile-only check of the CUDA build (no GPU needed; cached): run it after changing patches/,
 ## the build flags or runtime/setup/wheel.py.
 check-cuda-build: setup
-	.venv/bin/python scripts/gpu/check_cuda_build.py
+	.venv/bin/python -m scripts.gpu.check_cuda_build
 
 clean-cache:
 	rm -rf $${LAGUNA_DFLASH_CACHE:-$$HOME/.cache/laguna-dflash}

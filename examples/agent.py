@@ -30,8 +30,10 @@ import openai
 from rich.console import Console
 from rich.markup import escape
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from agent_tools import TOOLS, Workspace, parse_arguments  # noqa: E402
+try:  # run as a file, or imported with examples/ on the path (the tests)
+    from agent_tools import TOOLS, Workspace, parse_arguments
+except ModuleNotFoundError:  # imported as examples.agent from the repository root (the lab, scripts/)
+    from .agent_tools import TOOLS, Workspace, parse_arguments
 
 DEFAULT_URL = "http://127.0.0.1:8080/v1"
 SHOWN_CHARS = 160  # of each tool result, when printed
@@ -243,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
             return refuse(f"{flag}: expected at least 1, found {value}")
     workspace = Workspace(root)
     if args.held_out:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-        from training.agent_tasks import held_out_tasks, score, well_formed
+        # the held-out tasks and their scoring live with the repository's tests, beside this folder
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from helpers.agent_tasks import held_out_tasks, score, well_formed
 
         tasks = held_out_tasks(10)
     else:

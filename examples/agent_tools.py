@@ -1,7 +1,7 @@
 """The agent's four tools: their OpenAI function schemas and safe executors over one directory.
 
 Shared by ``examples/agent.py`` (which runs them for a model) and the agent pair's training data
-(``scripts/training/agent_tasks.py``, which runs them to put real outputs in the conversations),
+(``tests/helpers/agent_tasks.py``, which runs them to put real outputs in the conversations),
 so the model is trained on exactly what the demo's tools return.
 
 Safety: every path is resolved (symlinks included) and must stay inside the workspace root;

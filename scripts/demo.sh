@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
     --target runtime/data/laguna-tiny/Laguna-Tiny-target-Q8_0.gguf
 .venv/bin/laguna-run -f runtime/data/prompts/demo.py -n 200 --n-max 4 "$@"
 echo
-.venv/bin/python scripts/demo_summary.py -f runtime/data/prompts/demo.py -n 200 --n-max 4 "$@"
+.venv/bin/python -m scripts.demo_summary -f runtime/data/prompts/demo.py -n 200 --n-max 4 "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The demo's last line: speculative and plain decoding of the same prompt, measured in this run.
 
-    .venv/bin/python scripts/demo_summary.py -f runtime/data/prompts/demo.py -n 200 --n-max 4 [-t 2]
+    .venv/bin/python -m scripts.demo_summary -f runtime/data/prompts/demo.py -n 200 --n-max 4 [-t 2]
 
 One engine (the bundled pair), a short warm-up of each, then plain and speculative decoding
 alternately, ``--repeats`` times each (the median of each is reported, so a busy moment of the

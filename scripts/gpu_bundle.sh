@@ -21,13 +21,13 @@ tar -C "$tmp" -cJf "$out/llama_cpp_cuda.tar.xz" llama_cpp
 .venv/bin/python -m pip download -q --no-deps --only-binary=:all: -d "$out" \
     "gguf==$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("gguf"))')" "diskcache>=5.6.1"
 echo "$(basename "$wheel")" > "$out/WHEEL"
-fixture=$(PYTHONPATH=scripts:tests .venv/bin/python -c "
+fixture=$(PYTHONPATH=tests .venv/bin/python -c "
 import conftest
-from training import tiny_target as gen
+from helpers import tiny_target as gen
 out = conftest.fixture_cache() / f'tiny-target-{gen.generator_fingerprint()}'
 if not (out / 'fingerprint').exists():
     gen.build_all(out)
 print(out)" | tail -n 1)
 mkdir -p "$out/fixtures" && cp -r "$fixture" "$out/fixtures/"
 du -sh "$out"/*
-LAGUNA_CUDA_ARCH=$arch PYTHON=.venv/bin/python .venv/bin/python scripts/gpu/check_bundle.py "$out"
+LAGUNA_CUDA_ARCH=$arch PYTHON=.venv/bin/python .venv/bin/python -m scripts.gpu.check_bundle "$out"

@@ -31,7 +31,8 @@ tar -C "$site" -xJf "$bundle/llama_cpp_cuda.tar.xz" || exit 1
 "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$bundle"/*.whl || exit 1
 # the package as it installs (laguna_dflash.convert, laguna_dflash.runtime), from this tree
 mkdir -p "$site/laguna_dflash" && ln -s "$PWD/convert" "$site/laguna_dflash/convert" && ln -s "$PWD/runtime" "$site/laguna_dflash/runtime"
-export PYTHONPATH="$site:$PWD/scripts:$PWD/tests"
+# the lab runs as python -m scripts.<...> from here; the heredocs below reach the tests' helpers
+export PYTHONPATH="$site:$PWD/tests"
 # the tiny target fixture: it is made with llama.cpp's converter from the sdist, which that
 # machine cannot fetch
 mkdir -p "$LAGUNA_DFLASH_CACHE/fixtures"
@@ -85,7 +86,7 @@ stage offload 45 "$py" - <<'EOF'
 import os, sys
 from pathlib import Path
 import numpy as np
-from training import tiny_target as gen
+from helpers import tiny_target as gen
 from laguna_dflash.runtime.llama import Context, ContextParams, Model
 out = Path(os.environ["LAGUNA_DFLASH_CACHE"]) / "fixtures" / f"tiny-target-{gen.generator_fingerprint()}"
 if not (out / "fingerprint").exists():
@@ -103,13 +104,13 @@ with Model(out / "tiny-laguna-f32.gguf") as m:
         d = np.abs(rows(512, offload) - rows(7, offload)).max()
         print(f"CPU-placed model, op_offload={offload}: max |prompt rows (ubatch 512) - ubatch 7 rows| = {d:.3e}")
 EOF
-stage invariance 90 "$py" scripts/investigate/batch_invariance.py --device cuda --model runtime/data/laguna-tiny/Laguna-Tiny-target-Q8_0.gguf \
+stage invariance 90 "$py" -m scripts.investigate.batch_invariance --device cuda --model runtime/data/laguna-tiny/Laguna-Tiny-target-Q8_0.gguf \
     --model "$(ls -d "$LAGUNA_DFLASH_CACHE"/fixtures/tiny-target-*/tiny-laguna-f32.gguf | head -n 1)" --json "$out/invariance-cuda.json"
-stage capture 30 "$py" scripts/bench/bench_capture.py --device cuda --json "$out/capture-cuda.json"
+stage capture 30 "$py" -m scripts.bench.bench_capture --device cuda --json "$out/capture-cuda.json"
 stage suite 200 "$py" -m pytest -q -p no:cacheprovider tests
 stage sweep 120 "$py" -m laguna_dflash.runtime.cli bench --sweep --device cuda -n 64 --json "$out/sweep-cuda.json" --png "$out/sweep-cuda.png"
-stage record 150 "$py" scripts/bench/record_acceptance.py --device cuda --lengths-from scripts/tuning/recordings/replay.json \
+stage record 150 "$py" -m scripts.bench.record_acceptance --device cuda --lengths-from tests/fixtures/recordings/replay.json \
     --out "$out/replay-cuda.json"
-stage autotune 150 "$py" scripts/bench/bench_autotune.py --device cuda --workloads code,degraded --repeats 1 ${AUTOTUNE_ARGS:-} \
+stage autotune 150 "$py" -m scripts.bench.bench_autotune --device cuda --workloads code,degraded --repeats 1 ${AUTOTUNE_ARGS:-} \
     --json "$out/autotune-cuda.json" --png "$out/autotune-cuda.png"
 cat "$out/summary.txt"

@@ -13,9 +13,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def command_line(script: str, argv: list[str] | None = None) -> str:
-    """``python scripts/<folder>/<script>.py <arguments>``; ``argv`` None: this process's arguments."""
-    path = Path(script).resolve().relative_to(REPO).as_posix()
-    return shlex.join(["python", path, *(sys.argv[1:] if argv is None else argv)])
+    """``python -m scripts.<folder>.<script> <arguments>`` (run from the repository root);
+    ``argv`` None: this process's arguments."""
+    module = ".".join(Path(script).resolve().relative_to(REPO).with_suffix("").parts)
+    return shlex.join(["python", "-m", module, *(sys.argv[1:] if argv is None else argv)])
 
 
 def write_results(result: dict, json_path: Path | None, png_path: Path | None,

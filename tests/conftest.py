@@ -15,7 +15,7 @@ def fixture_cache() -> Path:
 @pytest.fixture(scope="session")
 def tiny_target() -> dict[str, Path]:
     """HF dir, F32 GGUF and transformers reference outputs of the tiny Laguna target."""
-    from training import tiny_target as gen
+    from helpers import tiny_target as gen
 
     out = fixture_cache() / f"tiny-target-{gen.generator_fingerprint()}"
     if not (out / "fingerprint").exists():

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert.cli import app
-from laguna_dflash.convert.synthetic import TINY_S, TINY_XS, write_target_gguf
+from helpers.synthetic import TINY_S, TINY_XS, write_target_gguf
 
 U32, I32, F32, BOOL, STR, ARR = (GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.FLOAT32,
                                  GGUFValueType.BOOL, GGUFValueType.STRING, GGUFValueType.ARRAY)

@@ -1,17 +1,15 @@
 """Agents against laguna-run serve on the bundled agent pair (laguna-tiny-agent, Laguna 2.1's
 template in its GGUF), on 127.0.0.1, greedy, speculation on, F32 cache: the example agent
 (``examples/agent.py``, the official ``openai`` client) solves the held-out tasks of
-``scripts/training/agent_tasks.py`` with its tools run for real; its whole transcript (reasoning,
+``tests/helpers/agent_tasks.py`` with its tools run for real; its whole transcript (reasoning,
 tool calls, tool results, answers) is the same at ``n_max`` 0 and 4, streamed and not; and an
 agent framework nobody here wrote (pydantic-ai, its own tool definitions and loop) solves them
-too. One test scripts the target's replies (``scripts/scripted_model.py``) so that the loop's
+too. One test scripts the target's replies (``tests/helpers/scripted_model.py``) so that the loop's
 plumbing is checked whatever the trained pair writes."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,13 +17,12 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from agent import numbered_ids, run_task  # noqa: E402
+from agent import numbered_ids, run_task  # noqa: E402  (examples/, on pytest's pythonpath)
 from agent_tools import TOOLS, Workspace  # noqa: E402
-from scripted_model import scripted  # noqa: E402
+from helpers.agent_tasks import held_out_tasks, score, well_formed  # noqa: E402
+from helpers.scripted_model import scripted  # noqa: E402
+from helpers.stdlib_corpus import stdlib_dir  # noqa: E402
 from server_harness import LiveServer, bundled_models, make_pool, openai_client  # noqa: E402
-from training.agent_tasks import held_out_tasks, score, well_formed  # noqa: E402
-from training.demo_pair import stdlib_dir  # noqa: E402
 
 MODEL = "laguna-tiny-agent"
 MAX_TOKENS = 256

@@ -1,27 +1,20 @@
-"""The agent pair's training data (scripts/training/agent_tasks.py, agent_pair.copy_weights) and
-the weighted loss of demo_pair.train_lm: the quoted answers keep the tasks and their facts and
-take every fact verbatim from a tool result; copy weights fall on the assistant's copied names and
-numbers only; a weight per token trains exactly like the mask it replaces; the card names the
-commands that made the pair."""
+"""The agent pair's tasks (tests/helpers/agent_tasks.py): the quoted answers keep the tasks and
+their facts and take every fact verbatim from a tool result; the answer style changes the answers
+and nothing else; a first call is right only with the task's own tool and argument."""
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from training import agent_pair, agent_tasks, demo_pair  # noqa: E402
+from helpers import agent_tasks
+from helpers.stdlib_corpus import stdlib_dir
 
 FAMILIES_WITH_TOOLS = ("find_def", "module_doc", "list_pkg", "evaluate", "two_exprs", "def_lines")
 
 
 @pytest.fixture(scope="module")
 def workspace():
-    return agent_tasks.Workspace(demo_pair.stdlib_dir())
+    return agent_tasks.Workspace(stdlib_dir())
 
 
 @pytest.mark.parametrize("held_out", [False, True], ids=["training", "held-out"])
@@ -48,52 +41,6 @@ def test_the_answer_style_changes_the_answers_and_nothing_else():
         agent_tasks.held_out_tasks(1, answers="fancy")
 
 
-def test_copy_weights_fall_on_rare_tokens_the_assistant_copies_from_its_own_conversation():
-    # two conversations; True marks the assistant's tokens; token 7 is the markup (frequent)
-    stream = np.array([50, 51, 7, 50, 7, 52, 7,    # conv 1: copies 50; 52 is new; 7 is frequent
-                       60, 7, 51, 60, 7])         # conv 2: 51 was only seen in conv 1; copies 60
-    assistant = np.array([0, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1], dtype=bool)
-    w = agent_pair.copy_weights(stream, np.array([0, 7]), assistant, 4.0, common=1)
-    assert w.tolist() == [0, 0, 1, 4, 1, 1, 1, 0, 1, 1, 4, 1]
-
-
-def _train(trained, steps=3):
-    import torch
-    from transformers import LagunaConfig, LagunaForCausalLM
-
-    torch.manual_seed(0)
-    model = LagunaForCausalLM(LagunaConfig(**{**agent_pair.target_config(2), "hidden_size": 32,
-                                              "intermediate_size": 64, "vocab_size": 64})).float()
-    stream = np.random.default_rng(0).integers(0, 64, 400).astype(np.int32)
-    log = demo_pair.Log(Path("/dev/null"))
-    return demo_pair.train_lm(None, log, model, stream, steps, 1e-2, 2, 32, 0, "test", trained=trained)
-
-
-def test_a_weight_per_token_trains_like_the_mask_it_replaces_and_a_copy_weight_changes_it():
-    pytest.importorskip("torch")
-    mask = np.random.default_rng(1).random(400) < 0.5
-    by_mask = _train(mask)
-    by_weight = _train(mask.astype(np.float32))
-    np.testing.assert_allclose(by_weight, by_mask, rtol=1e-4)
-    heavier = mask.astype(np.float32) * np.where(np.arange(400) % 3 == 0, 4.0, 1.0)
-    reweighted = _train(heavier)
-    assert reweighted[0] == pytest.approx(by_mask[0], rel=1e-4)  # the logged loss is the plain mean
-    assert not np.allclose(reweighted[1:], by_mask[1:], rtol=1e-3)  # the gradient is not
-
-
-def test_the_card_reports_the_measured_held_out_result_and_what_was_missed():
-    def mode(solved_families):
-        tasks = [{"family": f, "solved": f in solved_families, "why": "-", "well_formed": True,
-                  "first_call_right": True} for f in ("find_def", "evaluate", "list_pkg")]
-        return {"solved": sum(t["solved"] for t in tasks), "well_formed": 3, "first_call_right": 3, "tasks": tasks}
-
-    assert agent_pair.ability({}) == agent_pair.UNMEASURED_ABILITY
-    text = agent_pair.ability({"held_out_agent": {"thinking off": mode({"find_def"}),
-                                                  "thinking on": mode({"find_def", "evaluate"})}})
-    assert "solves **1 of 10 with thinking off and 2 of 10 with thinking on**" in text
-    assert "Tasks missed in either mode: evaluate, list_pkg" in text
-
-
 def test_first_call_right_wants_the_tasks_own_tool_and_argument():
     task = next(t for t in agent_tasks.held_out_tasks(10) if t.family == "evaluate")
     tool, arg, value = task.first_call
@@ -107,33 +54,6 @@ def test_first_call_right_wants_the_tasks_own_tool_and_argument():
     assert not agent_tasks.first_call_right(task, said("grep", {arg: value}))
     assert not agent_tasks.first_call_right(task, said(tool, "[1, 2]"))  # JSON, not an object
     assert not agent_tasks.first_call_right(task, [{"role": "assistant", "content": "no call"}])
-    hello = agent_tasks.make_task(agent_tasks.Workspace(demo_pair.stdlib_dir()), None, np.random.default_rng(0),
+    hello = agent_tasks.make_task(agent_tasks.Workspace(stdlib_dir()), None, np.random.default_rng(0),
                                   True, "hello")
     assert agent_tasks.first_call_right(hello, [{"role": "assistant", "content": "Hello!"}])
-
-
-def test_a_two_token_circuit_without_the_written_in_circuit_is_refused_with_one_line(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        agent_pair.main(["--induction-match", "2"])
-    assert exit_.value.code == 2
-    assert "--induction-match: only with --induction-init" in capsys.readouterr().err
-
-
-def test_the_card_reproduces_a_drafter_trained_later_with_both_commands(tmp_path):
-    """A pair whose drafter came from a later ``--reuse-target`` run: the card's Reproduce lists the
-    target's command first, then the drafter's, each with its own wall time; a pair from one run
-    lists one command."""
-    record = json.loads((agent_pair.DEFAULT_OUT / "train_log.json").read_text())
-    single = {k: v for k, v in record.items() if k not in ("target_command", "target_wall_seconds")}
-    one = agent_pair.reproduce(single | {"command": "python scripts/train_agent_pair.py --x", "wall_seconds": 600})
-    assert one == "```bash\npython scripts/train_agent_pair.py --x\n```\n\n10 minutes"
-    two = agent_pair.reproduce(record | {"target_command": "python scripts/train_agent_pair.py --t",
-                                         "target_wall_seconds": 5220, "command": "python scripts/train_agent_pair.py "
-                                         "--reuse-target --d", "wall_seconds": 1800})
-    block, times = two.split("\n```\n\n")
-    assert block.splitlines()[1:] == ["python scripts/train_agent_pair.py --t",
-                                      "python scripts/train_agent_pair.py --reuse-target --d"]
-    assert times.startswith("87 minutes for the first") and "30 for the second" in times
-    agent_pair.write_card(tmp_path, record | {"target_command": "python scripts/train_agent_pair.py --t",
-                                               "target_wall_seconds": 5220})
-    assert "python scripts/train_agent_pair.py --t\npython scripts/train_agent_pair.py" in (tmp_path / "README.md").read_text()

@@ -1,5 +1,5 @@
 """runtime/chat_session.py: multi-turn chat on the bundled pair with Laguna 2.1's template;
-replies scripted (scripts/scripted_model.py), the engine and drafter real."""
+replies scripted (tests/helpers/scripted_model.py), the engine and drafter real."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from laguna_dflash.runtime import assets
 from laguna_dflash.runtime.chat_session import ChatSession, run_session
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 from laguna_dflash.runtime.llama import Model
-from scripted_model import scripted
+from helpers.scripted_model import scripted
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from laguna_chat import FIXTURE
 from laguna_dflash.runtime import assets
 from laguna_dflash.runtime.cli import main
-from scripted_model import scripted
+from helpers.scripted_model import scripted
 
 CHAT = ["--chat-template-file", str(FIXTURE), "-n", "24", "-t", "1"]
 

@@ -19,12 +19,12 @@ from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert.checkpoint import ARCHITECTURE, MODEL_TYPE, DrafterConfig, parse_config
 from laguna_dflash.convert.converter import prepare
 from laguna_dflash.convert.errors import ContractError
-from laguna_dflash.convert.synthetic import write_drafter
+from helpers.synthetic import write_drafter
 from laguna_dflash.convert.target import read_target
 from laguna_dflash.runtime.assets import TINY_DRAFTER_HF
 
 torch = pytest.importorskip("torch")
-from training.torch_drafter import LagunaDFlashDrafter  # noqa: E402
+from helpers.torch_drafter import LagunaDFlashDrafter  # noqa: E402
 
 HEAD_DIM = TINY_XS["head_dim"]
 

@@ -11,7 +11,7 @@ from laguna_dflash.runtime import assets
 from laguna_dflash.runtime.conversation import ChatTurn, end_of_turn_tokens, finish_reason, response_message
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 from laguna_dflash.runtime.llama import Model
-from scripted_model import scripted
+from helpers.scripted_model import scripted
 
 OK = [{"role": "user", "content": "Reply with OK."}]
 

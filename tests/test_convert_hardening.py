@@ -33,7 +33,7 @@ from laguna_dflash.convert.converter import prepare
 from laguna_dflash.convert.errors import ContractError, UserError
 from laguna_dflash.convert.quantize import check_values
 from laguna_dflash.convert.safetensors_io import read_header
-from laguna_dflash.convert.synthetic import write_drafter
+from helpers.synthetic import write_drafter
 from laguna_dflash.convert.target import read_target
 from laguna_dflash.convert.writer import KV, TensorSpec, write_gguf
 

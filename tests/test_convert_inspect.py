@@ -10,7 +10,7 @@ from gguf import GGUFValueType, GGUFWriter
 
 from laguna_dflash.convert.converter import ARCH, prepare
 from laguna_dflash.convert.quantize import encode
-from laguna_dflash.convert.synthetic import write_drafter
+from helpers.synthetic import write_drafter
 from laguna_dflash.convert.target import read_target
 from laguna_dflash.convert.writer import write_gguf
 

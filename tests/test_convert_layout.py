@@ -14,7 +14,7 @@ from convert_fixtures import (LAYOUT_KEYS, PRESETS, SOURCE_REPO_KEY, cv_targets,
 from gguf import GGMLQuantizationType as Q
 
 from laguna_dflash.convert.gguf import keys as K
-from laguna_dflash.convert.synthetic import write_drafter
+from helpers.synthetic import write_drafter
 
 LAYOUTS = [
     pytest.param("xs", dict(fused_qkv=True), id="xs-fused"),
@@ -150,7 +150,7 @@ def test_float_outtypes_read_back_exactly(tmp_path: Path, cv_targets: dict[str, 
 
 def test_f32_checkpoint_to_f32_is_lossless(tmp_path: Path, cv_targets: dict[str, Path]) -> None:  # noqa: F811
     from laguna_dflash.convert.checkpoint import load_config
-    from laguna_dflash.convert.synthetic import random_weights
+    from helpers.synthetic import random_weights
 
     preset = PRESETS["xs"]
     drafter = write_drafter(tmp_path / "d", **preset, dtype="f32", seed=11)

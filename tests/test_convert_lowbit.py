@@ -23,7 +23,7 @@ from gguf import GGMLQuantizationType as Q
 import laguna_dflash.convert.quantize as quantize
 from laguna_dflash.convert.quantize import LOWBIT_MAX_ABS, OutType
 from laguna_dflash.convert.safetensors_io import read_header
-from laguna_dflash.convert.synthetic import write_drafter
+from helpers.synthetic import write_drafter
 from laguna_dflash.runtime import assets
 from laguna_dflash.runtime.cli import main as laguna_run
 

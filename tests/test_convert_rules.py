@@ -12,7 +12,7 @@ import pytest
 from convert_fixtures import PRESETS, leftovers, run_cli, target_for
 
 from laguna_dflash.convert.gguf import keys as K
-from laguna_dflash.convert.synthetic import ABSENT, write_drafter
+from helpers.synthetic import ABSENT, write_drafter
 
 XS = PRESETS["xs"]  # hidden 64, 2 layers, 4 heads / 2 kv heads, head_dim 16, ids (1, 3) of 4, vocab 256
 

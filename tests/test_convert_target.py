@@ -14,7 +14,7 @@ from gguf import GGUFValueType, GGUFWriter
 from laguna_dflash.convert.gguf import keys as K
 from laguna_dflash.convert.converter import convert
 from laguna_dflash.convert.errors import ContractError, UserError
-from laguna_dflash.convert.synthetic import write_drafter, write_target_gguf
+from helpers.synthetic import write_drafter, write_target_gguf
 from laguna_dflash.convert.target import find_llama_cpp_dir, read_target
 
 XS = PRESETS["xs"]
@@ -153,15 +153,13 @@ def test_failing_vocab_step_is_a_user_error(tmp_path: Path, monkeypatch: pytest.
 
 # --------------------------------------------------------------------------- the real llama.cpp step
 
+# run with the real tree and its gguf-py on PYTHONPATH, as the real script finds them beside itself
 _WRAPPER = '''\
 """Run llama.cpp's converter, told that our home-made byte-level BPE pre-tokenizes like GPT-2."""
 import runpy, sys
-REAL = {real!r}
-sys.path.insert(0, REAL)
-sys.path.insert(1, REAL + "/gguf-py")
 from conversion.base import TextModel
 TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-sys.argv[0] = REAL + "/convert_hf_to_gguf.py"
+sys.argv[0] = {real!r} + "/convert_hf_to_gguf.py"
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''
 
@@ -197,6 +195,7 @@ def test_hf_target_through_vendored_llama_cpp(tmp_path: Path, monkeypatch: pytes
     wrapper.mkdir()
     (wrapper / "convert_hf_to_gguf.py").write_text(_WRAPPER.format(real=str(real)))
     monkeypatch.setenv("LAGUNA_LLAMA_CPP_DIR", str(wrapper))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(real), str(real / "gguf-py")]))
 
     drafter = write_drafter(tmp_path / "d", **preset)
     out = tmp_path / "o.gguf"

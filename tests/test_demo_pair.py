@@ -121,7 +121,7 @@ def test_neutralised_aux_norms_cost_acceptance(target, drafter_f32, trained_f32,
 def test_torch_training_model_and_numpy_reference_agree_on_the_shipped_weights():
     torch = pytest.importorskip("torch")
     from reference.dflash_numpy import DrafterReference, load_drafter
-    from training.torch_drafter import LagunaDFlashDrafter
+    from helpers.torch_drafter import LagunaDFlashDrafter
 
     weights = load_drafter(assets.TINY_DRAFTER_HF)
     model = LagunaDFlashDrafter.from_pretrained(assets.TINY_DRAFTER_HF, dtype=torch.float64)

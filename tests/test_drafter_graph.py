@@ -17,8 +17,9 @@ import gguf
 import numpy as np
 import pytest
 
+from helpers import synthetic
 from laguna_dflash.convert.gguf import keys as K
-from laguna_dflash.convert import converter, synthetic
+from laguna_dflash.convert import converter
 from laguna_dflash.convert.target import read_target as read_target_info
 from reference.dflash_numpy import DrafterReference, DrafterWeights, load_drafter
 from laguna_dflash.runtime.drafter import Drafter

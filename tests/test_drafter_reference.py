@@ -25,7 +25,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from laguna_dflash.convert.checkpoint import expected_tensors  # noqa: E402
 from laguna_dflash.convert.errors import ContractError  # noqa: E402
-from training.torch_drafter import LagunaDFlashDrafter  # noqa: E402
+from helpers.torch_drafter import LagunaDFlashDrafter  # noqa: E402
 
 H, I, NH, NKV, HD, VOCAB, WINDOW = 64, 128, 4, 2, 16, 97, 8
 TARGET_IDS = [0, 2, 3]
@@ -433,7 +433,7 @@ def test_norm_and_rope_follow_transformers_laguna():
 
 def test_rope_parameters_resolution():
     """vLLM's precedence: swa_rope_parameters > rope_parameters > top-level rope_theta (torch agrees)."""
-    from training.torch_drafter import parse_drafter_config
+    from helpers.torch_drafter import parse_drafter_config
     from reference.dflash_numpy import DrafterConfig
 
     def theta(cfg):

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from laguna_dflash.convert import converter, synthetic
+from helpers import synthetic
+from laguna_dflash.convert import converter
 from laguna_dflash.convert.drafter_info import pairing_problems, read_drafter_gguf
 from laguna_dflash.convert.target import read_target as read_target_info
 from laguna_dflash.runtime.cli import main as cli_main

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from investigate import kernel_rows
+from helpers import kernel_rows
 from laguna_dflash.runtime import assets
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 from laguna_dflash.runtime.llama import Context, ContextParams, Model

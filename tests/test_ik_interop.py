@@ -17,7 +17,7 @@ import gguf
 import numpy as np
 import pytest
 
-from investigate.check_ik_interop import (IkFailed, compare, ik_bin_dir, ik_named_copy, legacy_norm_tensors,
+from helpers.ik_interop import (IkFailed, compare, ik_bin_dir, ik_named_copy, legacy_norm_tensors,
                                           renamed_copy, run_ik, run_ours)
 from laguna_dflash.runtime import assets
 

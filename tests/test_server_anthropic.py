@@ -16,7 +16,7 @@ anthropic = pytest.importorskip("anthropic")
 pytest.importorskip("fastapi")
 
 from laguna_chat import TEMPLATE_TEXT  # noqa: E402
-from scripted_model import scripted  # noqa: E402
+from helpers.scripted_model import scripted  # noqa: E402
 from server_harness import LiveServer, make_pool  # noqa: E402
 
 KEY = "k-anthropic"

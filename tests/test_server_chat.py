@@ -4,7 +4,7 @@ for byte; tools in, tool_calls out, tool results in, an answer out, through the 
 ``openai`` client with speculation on; streamed replies rebuild the non-streamed message, by
 the client's own streaming helper; /tokenize and /detokenize; the request errors.
 
-The bundled target never writes a tool call: a scripted sampler (scripts/scripted_model.py)
+The bundled target never writes a tool call: a scripted sampler (tests/helpers/scripted_model.py)
 picks the tokens of each reply while the engine, the drafter and the server run as always."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ pytest.importorskip("fastapi")
 from laguna_chat import (HEAD, TEMPLATE_TEXT, TOOL_HISTORY, TOOL_HISTORY_RENDER, WEATHER_TOOL,  # noqa: E402
                          laguna_template)
 from laguna_dflash.runtime.chat import message_from_deltas  # noqa: E402
-from scripted_model import scripted  # noqa: E402
+from helpers.scripted_model import scripted  # noqa: E402
 from server_harness import LiveServer, laguna_chat_server, make_pool, openai_client as client  # noqa: E402
 
 OK = [{"role": "user", "content": "Reply with OK."}]

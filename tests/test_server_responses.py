@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from laguna_chat import TEMPLATE_TEXT  # noqa: E402
-from scripted_model import scripted  # noqa: E402
+from helpers.scripted_model import scripted  # noqa: E402
 from server_harness import LiveServer, make_pool, openai_client as client  # noqa: E402
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Get weather for a city.",

@@ -1,11 +1,14 @@
 """The package's shape: no import cycle among laguna_dflash's modules, imports only across the
 lines docs/architecture.md's layer table draws (the GGUF contract imports nothing above it), one
-place that rewrites a Poolside-layout drafter, laguna-run's command module split by command, and
-patch headers that name only paths that exist."""
+place that rewrites a Poolside-layout drafter, laguna-run's command module split by command,
+patch headers that name only paths that exist, and the product apart from the lab: no test
+imports a module of scripts/, and nothing in the product or the tests edits the interpreter's
+module path."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,3 +222,55 @@ def test_what_the_architecture_page_names_exists():
     named = set(re.findall(r"`([A-Z]\w*)\.(\w+)`", text))
     assert len(named) >= 5
     assert [f"{c}.{m}" for c, m in sorted(named) if m not in members.get(c, ())] == []
+
+
+#: the interpreter's module path, written so that a search for it finds only real uses
+MODULE_PATH = re.compile(r"\bsys\s*\.\s*path\b")
+
+
+def lab_names() -> set[str]:
+    """The top-level names that reach scripts/: the package itself, and the modules and folders a
+    script run as a file (or a test with scripts/ on its path) would import bare."""
+    lab = REPO / "scripts"
+    return {"scripts"} | {p.stem for p in lab.glob("*.py")} | {p.name for p in lab.iterdir() if (p / "__init__.py").exists()}
+
+
+def lab_imports(source: str, lab: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import of a name in ``lab``, at any depth of the file."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        found += [(node.lineno, n) for n in names if n.split(".")[0] in lab]
+    return found
+
+
+def test_the_lab_import_finder_sees_every_form():
+    source = ("import scripts.bench.bench_peer\nfrom training.demo_pair import x\n"
+              "def g():\n    import recorded as r\nfrom . import training\nimport trainingset\n")
+    assert lab_imports(source, {"scripts", "training", "recorded"}) == [
+        (1, "scripts.bench.bench_peer"), (2, "training.demo_pair"), (4, "recorded")]
+    assert {"scripts", "recorded", "bench", "training"} <= lab_names()
+
+
+def test_no_test_imports_a_module_of_the_lab():
+    """Tests import the installed package and their own helpers (tests/helpers/); what they share
+    with the lab lives there, and a lab script a test exercises runs as a process."""
+    lab = lab_names()
+    found = [f"{f.relative_to(REPO)}:{line} {mod}" for f in sorted((REPO / "tests").rglob("*.py"))
+             for line, mod in lab_imports(f.read_text(encoding="utf-8"), lab)]
+    assert found == []
+
+
+def test_nothing_in_the_product_or_the_tests_edits_the_module_path():
+    """Imports resolve the same way everywhere: the package as installed, the tests' helpers through
+    pytest's pythonpath; the lab's scripts run from the repository root as ``python -m scripts...``."""
+    assert MODULE_PATH.search("sys" + ".path.insert(0, here)") and not MODULE_PATH.search("sys" + ".pathname")
+    found = [f"{f.relative_to(REPO)}:{n}" for folder in ("convert", "runtime", "tests", "scripts")
+             for f in sorted((REPO / folder).rglob("*.py"))
+             for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if MODULE_PATH.search(line)]
+    assert found == []

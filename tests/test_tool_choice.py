@@ -18,7 +18,7 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
-from scripted_model import scripted  # noqa: E402
+from helpers.scripted_model import scripted  # noqa: E402
 from server_harness import laguna_chat_server, openai_client as client  # noqa: E402
 
 # string arguments are bounded: the target, forced into an unbounded one, writes until max_tokens

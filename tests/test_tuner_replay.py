@@ -25,7 +25,7 @@ import statistics
 import pytest
 
 from laguna_dflash.runtime import assets
-from tuning.replay import (RECORDED, Judgement, Recording, choice_quality, judge, judge_stream, prompt_order,
+from helpers.depth_replay import (RECORDED, Judgement, Recording, choice_quality, judge, judge_stream, prompt_order,
                             ratio_over_repeats, repeat_interval, replay, settle_round)
 from laguna_dflash.runtime.tuner import AutoDepth, DepthPolicy, FixedDepth
 
@@ -50,7 +50,7 @@ def judged(clock: str, workload: str) -> Judgement:
 def test_the_recording_is_of_the_shipped_drafter(clock):
     rec = Recording.load(RECORDINGS[clock])
     assert rec.drafter_digest == assets.drafter_digest(), (
-        "the shipped drafter changed: run python scripts/bench/record_acceptance.py --out " + str(RECORDINGS["busy"]))
+        "the shipped drafter changed: run python -m scripts.bench.record_acceptance --out " + str(RECORDINGS["busy"]))
     assert set(rec.workloads) >= {"code", "prose", "degraded"}
     assert len(rec.round_s) == 16 and rec.round_s[0] < rec.round_s[1] < rec.round_s[15]
 
@@ -154,7 +154,7 @@ def test_drift_makes_successive_rounds_alike_without_widening_the_spread(rec):
     import dataclasses
     import math
 
-    from bench.record_acceptance import Scripted  # a fixed depth that keeps every round's report
+    from helpers.depth_replay import Scripted  # a fixed depth that keeps every round's report
 
     flat = Recording(**{**rec.__dict__, "round_s": [1.0] * 16, "plain_skip_s": 1.0, "depth_change_s": 0.0,
                         "catchup_s": 0.0, "catchup_per_row_s": 0.0})
@@ -187,7 +187,7 @@ def test_the_recorder_measures_drift_from_the_round_times():
 
     import numpy as np
 
-    from bench.record_acceptance import drift
+    from helpers.depth_replay import drift
 
     rng = np.random.default_rng(0)
     runs, flat = [], []

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from investigate import kernel_weights as kw
+from helpers import kernel_weights as kw
 
 SHAPES = [
     kw.WeightShape("dense-q4_K-2048", "q4_K", 2048, 512),

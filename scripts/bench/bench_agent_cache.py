@@ -1,6 +1,6 @@
 """How much of an agent loop's prompt the prompt cache holds, turn by turn.
 
-    python scripts/bench/bench_agent_cache.py --json docs/results/server/agent-cache.json
+    python -m scripts.bench.bench_agent_cache --json docs/results/server/agent-cache.json
 
 An OpenAI-style agent loop re-sends the whole conversation each turn: the server renders it
 again with the chat template, so turn k's prompt is turn k-1's prompt, its reply as the
@@ -12,7 +12,7 @@ with Laguna 2.1's template (tests/fixtures) on the bundled pair, at depth 4, and
 turn: prompt tokens, cached tokens, tokens prefilled, and the most the cache could hold (the
 previous prompt plus the previous reply's tokens).
 
-The replies are scripted (scripts/scripted_model.py: the bundled target does not write tool
+The replies are scripted (tests/helpers/scripted_model.py: the bundled target does not write tool
 calls); the engine, drafter and cache run as always. Token counts do not depend on timing, so
 one run is the measurement. Three client behaviours:
 
@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from scripts.recorded import command_line
+from tests.helpers.scripted_model import scripted
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(1, str(ROOT / "scripts"))  # scripts/: recorded.py and scripted_model.py
-from recorded import command_line  # noqa: E402
-from scripted_model import scripted  # noqa: E402
 
 TEMPLATE = ROOT / "tests" / "fixtures" / "laguna-2.1-chat-template.jinja"
 

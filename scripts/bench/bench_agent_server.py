@@ -1,8 +1,8 @@
 """A whole agent session against two servers: laguna-run serve and ik_llama.cpp's llama-server.
 
-    python scripts/bench/bench_agent_server.py record --out scripts/bench/data/agent-session.json
+    python -m scripts.bench.bench_agent_server record --out scripts/bench/data/agent-session.json
     scripts/bench/build_peer.sh ik       # once: ik_llama.cpp's llama-server, outside the repo
-    python scripts/bench/bench_agent_server.py replay --json docs/results/agent-server/agent-server.json --png docs/results/agent-server/agent-server.png
+    python -m scripts.bench.bench_agent_server replay --json docs/results/agent-server/agent-server.json --png docs/results/agent-server/agent-server.png
 
 ``record`` runs an agent (the loop of ``examples/agent.py``: thinking on, the tools run for real
 over the standard library) through the agent pair's held-out tasks in ONE growing conversation
@@ -45,19 +45,17 @@ import os
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from scripts.arguments import int_list
+from scripts.bench.bench_server import ServeProcess, stop
+from scripts.recorded import command_line
+from tests.helpers.ik_interop import ik_named_copy, peer_root
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(1, str(REPO / "scripts"))  # scripts/: recorded.py and every folder's modules
-sys.path.insert(1, str(REPO / "examples"))
-from arguments import int_list  # noqa: E402
-from bench.bench_server import ServeProcess, stop  # noqa: E402
-from investigate.check_ik_interop import ik_named_copy, peer_root  # noqa: E402
-from recorded import command_line  # noqa: E402
 
 OURS, IK = "laguna-run", "ik_llama.cpp"
 CONTEXT = 16384
@@ -69,10 +67,10 @@ THINKING = {"enable_thinking": True}
 
 def record(args) -> int:
     import openai
-    from agent import _whole
-    from agent_tools import TOOLS, Workspace, parse_arguments
+    from examples.agent import _whole
+    from examples.agent_tools import TOOLS, Workspace, parse_arguments
 
-    from training.agent_tasks import held_out_tasks, stdlib_dir
+    from tests.helpers.agent_tasks import held_out_tasks, stdlib_dir
 
     ws = Workspace(stdlib_dir())
     tasks = held_out_tasks(args.tasks)
@@ -198,7 +196,7 @@ def said(message: dict) -> tuple:
 
 def send(client, model: str, recording: dict, history: list[dict]) -> dict:
     """One streamed request: its timings, usage and the reply it parsed."""
-    from agent import read_stream
+    from examples.agent import read_stream
 
     seen: dict = {"first": None, "usage": None}
 

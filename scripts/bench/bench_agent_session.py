@@ -1,6 +1,6 @@
 """What speculation does on agent traffic: one long agent session on the bundled agent pair.
 
-    python scripts/bench/bench_agent_session.py --tasks 14 --json docs/results/agent-pair/agent-session.json --png docs/results/agent-pair/agent-session.png
+    python -m scripts.bench.bench_agent_session --tasks 14 --json docs/results/agent-pair/agent-session.json --png docs/results/agent-pair/agent-session.png
 
 An agent (the loop of ``examples/agent.py``, in process) works through held-out tasks one after
 the other in ONE growing conversation, thinking on, the tools run for real
@@ -24,15 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(1, str(ROOT / "scripts"))  # scripts/: recorded.py, training/
-sys.path.insert(1, str(ROOT / "examples"))
-from agent_tools import TOOLS, Workspace, parse_arguments  # noqa: E402
-from recorded import command_line  # noqa: E402
+from examples.agent_tools import TOOLS, Workspace, parse_arguments
+from scripts.recorded import command_line
 
 SEGMENTS = ("reasoning", "tool call", "answer")
 
@@ -96,7 +92,7 @@ def main() -> int:
     from laguna_dflash.runtime.conversation import ChatTurn, end_of_turn_tokens
     from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
     from laguna_dflash.runtime.llama import Model
-    from training.agent_tasks import held_out_tasks, stdlib_dir
+    from tests.helpers.agent_tasks import held_out_tasks, stdlib_dir
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=14, help="held-out tasks in the one session")

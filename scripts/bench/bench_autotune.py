@@ -1,6 +1,6 @@
 """How close `--n-max auto` comes to the best fixed depth, measured in one process.
 
-    python scripts/bench/bench_autotune.py --json docs/results/autotune/autotune.json --png docs/results/autotune/autotune.png
+    python -m scripts.bench.bench_autotune --json docs/results/autotune/autotune.json --png docs/results/autotune/autotune.png
 
 Three workloads on the bundled laguna-tiny pair (greedy, one engine per drafter):
 
@@ -33,9 +33,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from recorded import command_line, write_results  # noqa: E402
+from scripts.recorded import command_line, write_results
 
 
 def degraded_drafter(mix: float, seed: int = 0) -> Path:
@@ -74,7 +72,7 @@ def degraded_drafter(mix: float, seed: int = 0) -> Path:
 
 def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, repeats: int, progress, task) -> dict:
     from laguna_dflash.runtime.engine import GenerateOptions
-    from tuning.replay import GOOD_FRACTION, choice_quality, ratio_over_repeats, repeat_interval, settle_round
+    from tests.helpers.depth_replay import GOOD_FRACTION, choice_quality, ratio_over_repeats, repeat_interval, settle_round
     from laguna_dflash.runtime.tuner import AutoDepth
 
     rounds, accepted = defaultdict(int), defaultdict(int)

@@ -1,6 +1,6 @@
 """What `--n-max auto`'s own bookkeeping costs per round, alone and between other runs.
 
-    python scripts/bench/bench_bookkeeping.py --repeats 2
+    python -m scripts.bench.bench_bookkeeping --repeats 2
 
 The engine times every ``choose``/``observe`` call of the depth policy (``Stats.t_policy``). In
 a tight loop those calls take a few microseconds; between llama.cpp decodes the interpreter's
@@ -18,9 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from recorded import command_line  # noqa: E402
+from scripts.recorded import command_line
 
 FIXED = (0, 1, 2, 3, 4, 5, 6, 8, 15)  # the fixed depths bench_autotune.py interleaves
 

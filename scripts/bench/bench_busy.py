@@ -1,7 +1,7 @@
 """How the thread count copes with a busy machine: laguna-run with and without one competing
 CPU-bound process, at the default thread count and at each fixed one.
 
-    python scripts/bench/bench_busy.py --repeats 5 --during --gomp-spincount 10000 --json docs/results/busy-machine/busy-machine.json
+    python -m scripts.bench.bench_busy --repeats 5 --during --gomp-spincount 10000 --json docs/results/busy-machine/busy-machine.json
 
 A run is the README's command on the bundled pair (``laguna-run -f runtime/data/prompts/demo.py
 -n 96 --n-max 4 -t T --json``), timed whole (process start to exit, model load included) and by
@@ -28,9 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+from scripts.recorded import command_line
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(1, str(ROOT / "scripts"))
-from recorded import command_line  # noqa: E402
 
 FIXED = {"-t 1": 1, "-t 2": 2}
 SITUATIONS = ("none", "before", "during")

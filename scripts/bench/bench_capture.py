@@ -10,7 +10,7 @@ with one loaded, as time per generated token: on an H200 a bare step took 0.28 m
 engine's plain rounds took 1.2-1.3 ms (docs/results/gpu/README.md). That bare step was timed around the
 decode call alone, which on a GPU only queues the work; a step now ends when its logits are read.
 
-    python scripts/bench/bench_capture.py [--device cuda] [--steps 512]
+    python -m scripts.bench.bench_capture [--device cuda] [--steps 512]
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ bundled laguna-tiny pair, greedy:
    plain decoding on the degraded drafter (``bench_autotune.py``'s), interleaved prompt by
    prompt, ``--repeats`` times; printed: each as a ratio to plain decoding.
 
-    python scripts/bench/bench_capture_horizon.py [--json out.json] [--ab]
+    python -m scripts.bench.bench_capture_horizon [--json out.json] [--ab]
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ from pathlib import Path
 
 
 from laguna_dflash.runtime.tuner import DepthPolicy  # noqa: E402
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from recorded import command_line  # noqa: E402
+from scripts.recorded import command_line
 
 
 class StretchThenVisit(DepthPolicy):
@@ -115,7 +114,7 @@ def main(argv=None) -> int:
 
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.engine import Engine, EngineConfig
-    from bench_autotune import degraded_drafter
+    from scripts.bench.bench_autotune import degraded_drafter
 
     console = Console()
     rows = [int(r) for r in args.rows.split(",")]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Which grammar library constrains our decoding: llguidance, xgrammar, llama.cpp's grammar sampler.
 
-    flock -x /tmp/laguna-cpu.lock .venv/bin/python scripts/bench/bench_constraint_libs.py --json docs/results/structured/structured-libs.json
+    flock -x /tmp/laguna-cpu.lock .venv/bin/python -m scripts.bench.bench_constraint_libs --json docs/results/structured/structured-libs.json
 
 xgrammar is not a dependency of the project (it needs torch); install it to compare:
 ``.venv/bin/pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi`` (torch and transformers come
@@ -45,7 +45,8 @@ from pathlib import Path
 
 import numpy as np
 
-from laguna_dflash.runtime import assets  # noqa: E402
+from laguna_dflash.runtime import assets
+from scripts.recorded import command_line
 
 TINY_TOKENIZER = assets.TINY_DIR / "tokenizer" / "tokenizer.json"
 TINY_GGUF = assets.TINY_TARGET
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     big = train_100k(args.cache)
     vocabs = {"tiny (4096)": (TINY_TOKENIZER, TINY_GGUF, 2),
               "stdlib BPE (100k)": (big, vocab_only_gguf(big, args.cache / "stdlib-bpe-100k.gguf"), 0)}
-    results = {"repeats": args.repeats, "command": " ".join(["scripts/bench/bench_constraint_libs.py"] + (argv or sys.argv[1:])),
+    results = {"repeats": args.repeats, "command": command_line(__file__, argv),
                "vocabularies": {}}
     for vname, (tj, gguf_path, eos) in vocabs.items():
         hf = Tokenizer.from_file(str(tj))

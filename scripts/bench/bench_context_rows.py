@@ -3,7 +3,7 @@
 (issue 32, item 3: the XS-width Q4_K_M target, whose random drafter accepts nothing, so its
 speedup is read from costs instead).
 
-    python scripts/bench/bench_context_rows.py -m ~/.cache/laguna-dflash/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf \\
+    python -m scripts.bench.bench_context_rows -m ~/.cache/laguna-dflash/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf \\
         --json docs/results/long-context/long-context-xs-rows.json
 
 The cache is filled with seeded random tokens, in 512-token batches, up to each context of
@@ -25,10 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(1, str(ROOT / "scripts"))
-from arguments import int_list  # noqa: E402
-from recorded import command_line  # noqa: E402
+from scripts.arguments import int_list
+from scripts.recorded import command_line
 
 
 def main(argv=None) -> int:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Benchmark ``laguna-gguf convert`` on a random drafter with the exact Laguna XS 2.1 shapes.
 
-    python scripts/bench/bench_convert.py                    # Q8_0, in a temporary directory
-    python scripts/bench/bench_convert.py --outtype bf16 --workdir /tmp/bench --keep
+    python -m scripts.bench.bench_convert                    # Q8_0, in a temporary directory
+    python -m scripts.bench.bench_convert --outtype bf16 --workdir /tmp/bench --keep
 
 The checkpoint (0.9 GB bf16: hidden 2048, 5 layers, 64/8 heads of 128, intermediate 8192,
 target layers [1, 13, 25, 33, 39] of 40, vocab 100352) and a metadata-only target GGUF with a
@@ -26,9 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.synthetic import XS_2_1, write_drafter, write_target_gguf
 
-from laguna_dflash.convert.synthetic import XS_2_1, write_drafter, write_target_gguf  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 LIMIT_SECONDS = 60.0
 LIMIT_RSS_BYTES = 1.5e9

@@ -2,7 +2,7 @@
 """laguna-run's plain decoding against the vendored llama.cpp's own C++ decode of the same file.
 
     scripts/bench/build_peer.sh vendored          # once: llama-bench of the patched tree, outside the repo
-    .venv/bin/python scripts/bench/bench_floor.py -t 2 --repeats 7 --json floor.json
+    .venv/bin/python -m scripts.bench.bench_floor -t 2 --repeats 7 --json floor.json
 
 Per repetition, in a rotating order: laguna-run plain decoding (the engine, drafter loaded,
 n_max 0) of the first ``--prompts`` code prompts, ``-n`` tokens each, one figure = tokens over
@@ -22,10 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from investigate.check_ik_interop import vendored_bin_dir  # noqa: E402
-from recorded import command_line  # noqa: E402
+from scripts.recorded import command_line
+from tests.helpers.ik_interop import vendored_bin_dir
 
 
 def llama_bench(bin_dir: Path, target: Path, n: int, depth: int, threads: int, extra: list[str]) -> float:

@@ -3,8 +3,8 @@
 checkout's (A), on the same model files, interleaved generation by generation.
 
     git worktree add --detach /tmp/base main
-    .venv/bin/python scripts/bench/bench_host_ab.py --a /tmp/base -t 1 --depths 0,4 --repeats 5
-    .venv/bin/python scripts/bench/bench_host_ab.py --a-cfg n_ubatch=512 --b-cfg n_ubatch=128   # two settings
+    .venv/bin/python -m scripts.bench.bench_host_ab --a /tmp/base -t 1 --depths 0,4 --repeats 5
+    .venv/bin/python -m scripts.bench.bench_host_ab --a-cfg n_ubatch=512 --b-cfg n_ubatch=128   # two settings
 
 Both engines load the same GGUFs; every prompt runs A then B (then B then A on the next
 repeat, so neither always goes first) at each depth. Reported per side and depth, over all

@@ -11,7 +11,7 @@ round and the process CPU time of the generations (with one thread the steadier 
 shared machine). The summary is the median over workers, with min and max, and B's median over
 A's; the statistic is fixed here, before any run.
 
-    python scripts/bench/bench_lib_ab.py --b /work/kbuild/build/bin --pairs 6 --json ab.json
+    python -m scripts.bench.bench_lib_ab --b /work/kbuild/build/bin --pairs 6 --json ab.json
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from recorded import command_line  # noqa: E402
+from scripts.recorded import command_line
 
 
 def installed_lib_dir() -> Path:

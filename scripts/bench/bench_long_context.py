@@ -2,7 +2,7 @@
 """Speculation at long contexts: decode speed, acceptance and a round's cost split against the
 context length, plain and at each depth, on a bundled pair (issue 32, item 3).
 
-    python scripts/bench/bench_long_context.py --pair code --repeats 5 \\
+    python -m scripts.bench.bench_long_context --pair code --repeats 5 \\
         --json docs/results/long-context/long-context-code.json --png docs/results/long-context/long-context-code.png
 
 A prompt of L tokens is standard-library code (sorted, the code pair's held-out modules left out)
@@ -28,10 +28,8 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(1, str(ROOT / "scripts"))
-from arguments import int_list  # noqa: E402
-from recorded import command_line  # noqa: E402
+from scripts.arguments import int_list
+from scripts.recorded import command_line
 
 
 #: tokens of held-out code every prompt ends with, whatever its length: each context length
@@ -42,7 +40,7 @@ TAIL = 384
 def prompts_for(engine, n: int, n_tails: int) -> list[list[int]]:
     """``n_tails`` prompts of ``n`` tokens: stdlib code (sorted, held-out modules left out), then
     the first TAIL tokens of a held-out module."""
-    from training.demo_pair import held_out_files, stdlib_dir
+    from tests.helpers.stdlib_corpus import held_out_files, stdlib_dir
 
     held = held_out_files()
     filler: list[int] = []
@@ -114,7 +112,7 @@ def main(argv=None) -> int:
     fixed = [d for d in depths[1:] if d != "auto"]
     if not fixed:
         ap.error("--depths: at least one fixed depth besides auto")
-    from training.demo_pair import held_out_files
+    from tests.helpers.stdlib_corpus import held_out_files
 
     if not 1 <= args.tails <= len(held_out_files()):
         ap.error(f"--tails: 1..{len(held_out_files())} (the held-out modules), found {args.tails}")

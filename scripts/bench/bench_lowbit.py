@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """4-6-bit drafters (q6_k, q5_k_m, q4_k_m, q4_0) against Q8_0, on the tiny pair and at XS 2.1 widths.
 
-    .venv/bin/python scripts/bench/bench_lowbit.py --json docs/results/lowbit/lowbit.json --png docs/results/lowbit/lowbit.png
-    .venv/bin/python scripts/bench/bench_lowbit.py --part tiny --repeats 5
-    .venv/bin/python scripts/bench/bench_lowbit.py --from-json docs/results/lowbit/lowbit.json --png docs/results/lowbit/lowbit.png   # tables/chart only
+    .venv/bin/python -m scripts.bench.bench_lowbit --json docs/results/lowbit/lowbit.json --png docs/results/lowbit/lowbit.png
+    .venv/bin/python -m scripts.bench.bench_lowbit --part tiny --repeats 5
+    .venv/bin/python -m scripts.bench.bench_lowbit --from-json docs/results/lowbit/lowbit.json --png docs/results/lowbit/lowbit.png   # tables/chart only
 
 **Tiny pair** (the bundled laguna-tiny target and its drafter, converted here with
 ``laguna-gguf convert --outtype T`` for T in q8_0 and the 4-6-bit types): one process, one target
@@ -55,9 +55,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from laguna_dflash.convert.quantize import OutType  # noqa: E402
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from arguments import int_list  # noqa: E402
-from recorded import command_line  # noqa: E402
+from scripts.arguments import int_list
+from scripts.recorded import command_line
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -216,9 +215,9 @@ def light_host(cm, work: Path, seed: int) -> Path:
 
 
 def run_xs(args, work: Path) -> dict:
-    from tuning import cost_model as cm
+    from scripts.tuning import cost_model as cm
 
-    from laguna_dflash.convert.synthetic import XS_2_1, write_drafter
+    from tests.helpers.synthetic import XS_2_1, write_drafter
     from laguna_dflash.runtime.drafter import Drafter
     from laguna_dflash.runtime.llama import Context, ContextParams, Model
 

@@ -2,7 +2,7 @@
 """laguna-run against its peer ik_llama.cpp and the vendored llama.cpp's C++ decode, same GGUF pair.
 
     scripts/bench/build_peer.sh                                           # once: the peers, outside the repo
-    python scripts/bench/bench_peer.py --json docs/results/peer/peer.json --png docs/results/peer/peer.png
+    python -m scripts.bench.bench_peer --json docs/results/peer/peer.json --png docs/results/peer/peer.png
 
 On the bundled laguna-tiny pair (the drafter converted by ``laguna-gguf convert``), the first
 ``--prompts`` code prompts of runtime/data/prompts/code.txt, ``-n`` greedy tokens each, ``-t``
@@ -38,11 +38,9 @@ import sys
 import time
 from pathlib import Path
 
-
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from investigate.check_ik_interop import (  # noqa: E402
+from scripts.recorded import command_line, write_results
+from tests.helpers.ik_interop import (
     IkFailed, ik_bin_dir, ik_command, ik_named_copy, legacy_norm_tensors, peer_root, run_ik, vendored_bin_dir)
-from recorded import command_line, write_results  # noqa: E402
 
 OURS, IK, FLOOR = "laguna-run", "ik_llama.cpp", "llama.cpp C++ (vendored)"
 WARMUP_TOKENS = 8

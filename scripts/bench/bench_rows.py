@@ -11,7 +11,7 @@ median, min and max ms per pass and the median over the median one-row pass. The
 A configuration is ``NAME=BINARY[:LIBDIR][:EXTRA ARGS]``: LIBDIR (optional) is put first on
 LD_LIBRARY_PATH, so one llama-bench binary can run over several builds of libggml-cpu.
 
-    python scripts/bench/bench_rows.py -m ~/.cache/laguna-dflash/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf \\
+    python -m scripts.bench.bench_rows -m ~/.cache/laguna-dflash/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf \\
         --config "vendored=/work/kbuild/bench/llama-bench:/work/kbuild/libA" \\
         --config "patched=/work/kbuild/bench/llama-bench:/work/kbuild/libB" \\
         --config "ik=$HOME/.cache/laguna-dflash/peer/ik_llama.cpp/build/bin/llama-bench" \\
@@ -32,9 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from recorded import command_line  # noqa: E402
+from scripts.recorded import command_line
 
 
 @dataclass

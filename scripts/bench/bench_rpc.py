@@ -1,7 +1,7 @@
 """Plain and speculative tokens/s with the target local and over llama.cpp's RPC backend on
 loopback, with an added per-call latency, measured in one run.
 
-    python scripts/bench/bench_rpc.py --json docs/results/rpc/rpc.json --png docs/results/rpc/rpc.png
+    python -m scripts.bench.bench_rpc --json docs/results/rpc/rpc.json --png docs/results/rpc/rpc.png
 
 The bundled laguna-tiny pair (greedy, F16 cache). Configurations, all loaded at once and run in
 turn (interleaved: prompt by prompt, repeat by repeat, so the machine's noise falls on all):
@@ -27,9 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from bench.delay_proxy import DelayProxy  # noqa: E402
-from recorded import command_line, write_results  # noqa: E402
+from scripts.bench.delay_proxy import DelayProxy
+from scripts.recorded import command_line, write_results
 
 
 def start_server(port: int, threads: int) -> subprocess.Popen:

@@ -1,6 +1,6 @@
 """laguna-run serve against the Python API, and the prompt cache's time to first token.
 
-    python scripts/bench/bench_server.py --json docs/results/server/server-bench.json
+    python -m scripts.bench.bench_server --json docs/results/server/server-bench.json
 
 Two measurements on the bundled laguna-tiny pair, greedy, n_max 4, each with the server a
 separate process (``laguna-run serve`` on 127.0.0.1, an ephemeral port) and this process the
@@ -37,10 +37,9 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from scripts.recorded import command_line
 
-sys.path.insert(1, str(REPO / "scripts"))  # scripts/: recorded.py and every folder's modules
-from recorded import command_line  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 # Laguna-style turns for the bundled target, whose GGUF carries no chat template
 TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"

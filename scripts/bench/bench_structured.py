@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Constrained vs unconstrained speculative decoding on prompts whose answer is JSON or a tool call.
 
-    flock -x /tmp/laguna-cpu.lock .venv/bin/python scripts/bench/bench_structured.py --repeats 7 --json docs/results/structured/structured.json
+    flock -x /tmp/laguna-cpu.lock .venv/bin/python -m scripts.bench.bench_structured --repeats 7 --json docs/results/structured/structured.json
 
 ``--pair code`` (the bundled laguna-tiny pair, which completes Python code): the prompts are
 Python that asks for a JSON value the way code does (``DEFAULTS = ``, a docstring saying "return
@@ -42,8 +42,7 @@ from laguna_dflash.runtime import assets, constraint as constraint_mod
 from laguna_dflash.runtime.constraint import Constraint
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py
-from recorded import command_line  # noqa: E402
+from scripts.recorded import command_line
 
 RECORD = {
     "type": "object", "additionalProperties": False,
@@ -117,9 +116,8 @@ def agent_prompts(target) -> list[tuple[list[int], Constraint]]:
     from laguna_dflash.runtime.chat_template import ChatTemplate
     from laguna_dflash.runtime.conversation import ChatTurn
 
-    sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "examples"))
-    from agent_tools import TOOLS as AGENT_TOOLS
-    from training.agent_tasks import held_out_tasks
+    from examples.agent_tools import TOOLS as AGENT_TOOLS
+    from tests.helpers.agent_tasks import held_out_tasks
 
     template = ChatTemplate(target.chat_template(), assets.AGENT_TARGET)
     bos = target.special_text("bos")

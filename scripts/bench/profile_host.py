@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Where a plain step and a speculative round spend their time, host side and inside llama.cpp.
 
-    .venv/bin/python scripts/bench/profile_host.py                         # tiny pair, 5 code prompts, -t 2
-    .venv/bin/python scripts/bench/profile_host.py --threads 1 --long 6400 # one ~6.4k-token prompt
-    .venv/bin/python scripts/bench/profile_host.py -m TARGET.gguf -md DRAFTER.gguf --n-predict 32
+    .venv/bin/python -m scripts.bench.profile_host                         # tiny pair, 5 code prompts, -t 2
+    .venv/bin/python -m scripts.bench.profile_host --threads 1 --long 6400 # one ~6.4k-token prompt
+    .venv/bin/python -m scripts.bench.profile_host -m TARGET.gguf -md DRAFTER.gguf --n-predict 32
 
 It wraps the engine's calls (``llama_decode``, batch filling, logits, sampling, stop checks,
 capture, drafting, injection, the depth policy) with timers that keep each call's *exclusive*

@@ -1,13 +1,13 @@
 """Record what a depth tuner faces on the laguna-tiny pair, so tuners can be replayed offline.
 
-    python scripts/bench/record_acceptance.py --out scripts/tuning/recordings/replay.json
-    python scripts/bench/record_acceptance.py --device cuda --lengths-from scripts/tuning/recordings/replay.json \
+    python -m scripts.bench.record_acceptance --out tests/fixtures/recordings/replay.json
+    python -m scripts.bench.record_acceptance --device cuda --lengths-from tests/fixtures/recordings/replay.json \
         --out replay-cuda.json     # another clock (here a GPU's) for the same content
 
 Live benchmarks of ``--n-max auto`` on this 2-core machine move by 2-4% between runs, the size
 of the margins being tuned. A replay removes that noise: the drafter's acceptance is a property
 of the content, not of the clock, so it is recorded once, position by position, and the clock is
-recorded once as a cost table. ``scripts/tuning/replay.py`` then plays any depth policy against both.
+recorded once as a cost table. ``tests/helpers/depth_replay.py`` then plays any depth policy against both.
 
 - **Match lengths**: for every prompt of a workload and every position t of its greedy output,
   how many of the drafter's 15 proposals from t agree with the target's greedy continuation
@@ -33,26 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-
-from laguna_dflash.runtime.tuner import DepthPolicy  # noqa: E402
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from recorded import command_line  # noqa: E402
-
-
-class Scripted(DepthPolicy):
-    """Plays a fixed list of depths (the last one repeats) and keeps what each round reported."""
-
-    def __init__(self, schedule: list[int], ahead: int = 0) -> None:
-        self.schedule, self.log, self.ahead = schedule, [], ahead
-
-    def plain_rounds_ahead(self) -> int:
-        return self.ahead
-
-    def choose(self) -> int:
-        return self.schedule[min(len(self.log), len(self.schedule) - 1)]
-
-    def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0) -> None:
-        self.log.append((depth, accepted, t_round, t_catchup))
+from scripts.recorded import command_line
+from tests.helpers.depth_replay import Scripted, drift
 
 
 def match_lengths(engine, prompt: str, n_predict: int) -> list[int]:
@@ -155,26 +137,6 @@ def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) ->
     }
 
 
-def drift(runs: list[list[float]]) -> dict:
-    """The slow part of the clock, from runs of successive rounds (each round's time over its
-    depth's median): the autocorrelation of log(ratio) at lag L is taken as share * phi**L (a
-    slow AR(1) factor plus independent noise), fitted from lags 1 and 4."""
-
-    def acf(lag: int) -> float:
-        num = den = 0.0
-        for run in runs:
-            x = np.clip(np.log(np.asarray(run)), -0.5, 0.5)  # a stall is not drift
-            x = x - x.mean()
-            num += float(np.dot(x[:-lag], x[lag:]))
-            den += float(np.dot(x, x)) * (len(x) - lag) / len(x)
-        return num / den if den > 0 else 0.0
-    a1, a4 = acf(1), acf(4)
-    if a1 <= 0 or a4 <= 0:
-        return {"drift_phi": 0.0, "drift_share": 0.0, "acf": [a1, a4]}
-    phi = min(0.99, (a4 / a1) ** (1 / 3))
-    return {"drift_phi": phi, "drift_share": min(1.0, a1 / phi), "acf": [a1, a4]}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -192,7 +154,7 @@ def main(argv=None) -> int:
     from laguna_dflash.runtime.engine import Engine, EngineConfig
     from laguna_dflash.runtime.llama import Model
     from laguna_dflash.runtime.placement import resolve
-    from bench_autotune import degraded_drafter
+    from scripts.bench.bench_autotune import degraded_drafter
 
     placement = resolve(args.device)
     config = EngineConfig(n_ctx=2048, n_gpu_layers_draft=placement.n_gpu_layers_draft)

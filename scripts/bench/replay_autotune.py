@@ -1,6 +1,6 @@
 """Judge `--n-max auto` offline: replay it on the recorded laguna-tiny pair, many times.
 
-    python scripts/bench/replay_autotune.py --recording scripts/tuning/recordings/replay.json --seeds 20
+    python -m scripts.bench.replay_autotune --recording tests/fixtures/recordings/replay.json --seeds 20
 
 For each workload of the recording and each seed (seed 0: the prompt files' order; others: a
 shuffled order, and every seed its own draw of the clock's noise, the same for every policy), a fresh tuner generates the
@@ -22,13 +22,12 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: recorded.py and every folder's modules
-from recorded import command_line  # noqa: E402
-from tuning.replay import RECORDED  # noqa: E402
+from scripts.recorded import command_line
+from tests.helpers.depth_replay import RECORDED
 
 
 def summary(make_policy, rec, prompts: list[list[int]], seeds: int) -> dict:
-    from tuning.replay import SETTLE_ROUNDS, judge
+    from tests.helpers.depth_replay import SETTLE_ROUNDS, judge
 
     j = judge(make_policy, rec, prompts, seeds)
     ratios, vs_plain, quality, settles = j.vs_best_fixed, j.vs_plain, j.choice_quality, j.settle_round
@@ -52,7 +51,7 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from tuning.replay import Recording
+    from tests.helpers.depth_replay import Recording
     from laguna_dflash.runtime.tuner import AutoDepth
 
     names = args.workloads.split(",") if args.workloads else list(Recording.load(args.recording).workloads)
@@ -73,7 +72,7 @@ def main(argv=None) -> int:
     result = {"command": command_line(__file__, argv),
               "workloads": out}
     if args.stream:
-        from tuning.replay import judge_stream
+        from tests.helpers.depth_replay import judge_stream
 
         segments = args.stream.split(",")
         stream = judge_stream(AutoDepth, {n: Recording.load(args.recording, costs_of=n) for n in segments}, args.seeds)

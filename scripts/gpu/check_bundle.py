@@ -2,8 +2,8 @@
 """Is a GPU bundle (scripts/gpu_bundle.sh) complete, and does scripts/gpu_check.sh get as far as
 the GPU with it?
 
-    python scripts/gpu/check_bundle.py .gpu              # what gpu_bundle.sh runs last
-    python scripts/gpu/check_bundle.py .gpu --no-dry-run # the contents only
+    python -m scripts.gpu.check_bundle .gpu              # what gpu_bundle.sh runs last
+    python -m scripts.gpu.check_bundle .gpu --no-dry-run # the contents only
 
 A GPU machine reaches no package registry and gets one try, so everything is checked here first:
 the bundle's wheel is the CUDA wheel of this tree's patches and flags; every library its
@@ -28,9 +28,7 @@ import tempfile
 from pathlib import Path
 
 from laguna_dflash.runtime.setup import wheel as bw
-
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # scripts/: training/
-from training import tiny_target  # noqa: E402
+from tests.helpers import tiny_target
 
 REPO = Path(__file__).resolve().parents[2]
 TARBALL = "llama_cpp_cuda.tar.xz"
@@ -69,7 +67,9 @@ def check_contents(bundle: Path, arch: str) -> list[str]:
     fixture = bundle / "fixtures" / f"tiny-target-{tiny_target.generator_fingerprint()}" / "fingerprint"
     if not fixture.exists():
         problems.append(f"{fixture}: missing (the GPU machine cannot build the tiny target: it lacks the sdist)")
-    for script in sorted(set(re.findall(r"\bscripts/[\w/.-]+\.(?:py|sh)\b", (REPO / "scripts/gpu_check.sh").read_text()))):
+    gpu_check = (REPO / "scripts/gpu_check.sh").read_text()
+    modules = [m.replace(".", "/") + ".py" for m in re.findall(r"-m (scripts(?:\.\w+)+)", gpu_check)]
+    for script in sorted(set(re.findall(r"\bscripts/[\w/.-]+\.(?:py|sh)\b", gpu_check)) | set(modules)):
         if not (REPO / script).is_file():
             problems.append(f"scripts/gpu_check.sh: runs {script}, which does not exist")
     if not (bundle / TARBALL).is_file():

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Does the CUDA wheel still build here, where no GPU or driver is, and is it one a GPU can load?
 
-    python scripts/gpu/check_cuda_build.py                 # sm_90 (the H200s this project is lent)
-    python scripts/gpu/check_cuda_build.py --cuda-arch 89 --rebuild
+    python -m scripts.gpu.check_cuda_build                 # sm_90 (the H200s this project is lent)
+    python -m scripts.gpu.check_cuda_build --cuda-arch 89 --rebuild
 
 Compile only: ``laguna-run setup --cuda`` builds (or reuses) the wheel of the current
 cache key, then the wheel is checked as a GPU machine will need it: its CUDA library needs

@@ -8,7 +8,7 @@ of the next positions decodes the same token alone and as the first row of batch
 and reports per k: the largest logit difference, how often the argmax differs, and the
 smallest top-2 gap seen (a flip needs a gap below the difference).
 
-    python scripts/investigate/batch_invariance.py --device cuda --json out.json
+    python -m scripts.investigate.batch_invariance --device cuda --json out.json
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ The textbook task: windows packed with random runs of word tokens (4-23 of them)
 followed by itself; the loss is on the repeat after its first token, which only copying can
 predict. Prints the loss and the share of held-out repeat tokens predicted every 100 steps.
 
-    python scripts/investigate/induction_plateau.py --layers 2 --steps 2000            # all word tokens: stays at chance
-    python scripts/investigate/induction_plateau.py --layers 2 --steps 1000 --alphabet 64
-    python scripts/investigate/induction_plateau.py --layers 8 --induction --steps 0   # the circuit written in, untrained
-    python scripts/investigate/induction_plateau.py --layers 8 --induction --match 2 --steps 0 --alphabet 64
-    python scripts/investigate/induction_plateau.py --arch llama --layers 2 --steps 600 --alphabet 64
+    python -m scripts.investigate.induction_plateau --layers 2 --steps 2000            # all word tokens: stays at chance
+    python -m scripts.investigate.induction_plateau --layers 2 --steps 1000 --alphabet 64
+    python -m scripts.investigate.induction_plateau --layers 8 --induction --steps 0   # the circuit written in, untrained
+    python -m scripts.investigate.induction_plateau --layers 8 --induction --match 2 --steps 0 --alphabet 64
+    python -m scripts.investigate.induction_plateau --arch llama --layers 2 --steps 600 --alphabet 64
 
 The model is the agent pair's stage-1 target config at ``--layers`` depth (``--arch llama``: a
 Llama of the same width, to see whether Laguna's features are the obstacle); the tokenizer is
@@ -21,12 +21,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from training import copy_curriculum, demo_pair, induction_init  # noqa: E402
+from scripts.training import copy_curriculum, demo_pair, induction_init
 
 from laguna_dflash.runtime import assets  # noqa: E402
 

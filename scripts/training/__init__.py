@@ -1,6 +1,5 @@
-"""Training and test-fixture code: the torch drafter, the bundled demo pair's training, the tiny test target.
+"""Training: the bundled demo and agent pairs, their curricula and evaluation.
 
-Not part of the installed package: it imports ``laguna_dflash`` like any user would, and runs
-from ``scripts/`` (a script's own folder is on ``sys.path``) or from the tests (``pythonpath``
-in pyproject.toml).
+Part of the lab (see ``scripts/__init__.py``); the torch drafter and the tiny target it builds
+on are the tests' helpers (``tests/helpers/``).
 """

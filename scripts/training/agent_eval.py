@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import agent_tasks as at
+from tests.helpers import agent_tasks as at
 
 
 def evaluate(gguf: Path, log=print, n: int = 10, seed: int = 1234) -> dict:
@@ -15,10 +15,10 @@ def evaluate(gguf: Path, log=print, n: int = 10, seed: int = 1234) -> dict:
     the held-out tasks (``agent_tasks.held_out_tasks(n, seed)``; the defaults are the 10 every run
     is scored on), and each task's verdict."""
     import openai
-    from agent import run_task  # examples/, on the path through agent_tasks
-    from bench.bench_server import ServeProcess, stop
+    from examples.agent import run_task
+    from scripts.bench.bench_server import ServeProcess, stop
 
-    from .demo_pair import stdlib_dir
+    from tests.helpers.stdlib_corpus import stdlib_dir
 
     server = ServeProcess("--model", str(gguf), "--host", "127.0.0.1")
     try:

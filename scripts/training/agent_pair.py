@@ -2,7 +2,7 @@
 """Train the bundled agent pair: a small Laguna target that speaks Laguna 2.1's chat format and
 calls tools, and its DFlash drafter.
 
-    python scripts/train_agent_pair.py                 # writes runtime/data/laguna-tiny-agent/
+    python -m scripts.train_agent_pair                 # writes runtime/data/laguna-tiny-agent/
 
 The recipe of the code pair (``scripts/training/demo_pair.py``: same architecture, sizes, two-stage
 growth and drafter training, whose functions this reuses), on other data:
@@ -35,11 +35,11 @@ import numpy as np
 
 from laguna_dflash.runtime import assets
 
-from . import agent_tasks as at
+from tests.helpers import agent_tasks as at
 from . import copy_curriculum as cc
 from . import demo_pair as dp
 from . import induction_init
-from . import tiny_target as tt
+from tests.helpers import tiny_target as tt
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE_FILE = REPO / "tests" / "fixtures" / "laguna-2.1-chat-template.jinja"
@@ -148,7 +148,7 @@ knows the standard library of CPython {python} and {n_families} kinds of task ov
 ## Data
 
 {conversations:,} synthetic conversations ({agent_tokens:,} tokens) made by
-`scripts/training/agent_tasks.py`: an agent with the four tools of `examples/agent_tools.py`
+`tests/helpers/agent_tasks.py`: an agent with the four tools of `examples/agent_tools.py`
 (`list_dir`, `read_file`, `grep`, `run_python`, run for real, their outputs in the conversation)
 finds where functions are defined, reads module docstrings, lists packages, evaluates
 expressions (two calls in one turn for two), shows a definition's first lines (two steps), and
@@ -193,7 +193,7 @@ def ability(record: dict) -> str:
         return UNMEASURED_ABILITY
     off, on = held["thinking off"], held["thinking on"]
     missed = sorted({v["family"] for mode in (off, on) for v in mode["tasks"] if not v["solved"]})
-    return (f"On the 10 held-out tasks (subjects never seen in training; `python scripts/train_agent_pair.py "
+    return (f"On the 10 held-out tasks (subjects never seen in training; `python -m scripts.train_agent_pair "
             f"--evaluate`: `laguna-run serve` on the target, `examples/agent.py`'s loop, the tools run for real, "
             f"greedy) it solves **{off['solved']} of 10 with thinking off and {on['solved']} of 10 with thinking on**; "
             f"the first call's arguments are the request's own in {off['first_call_right']} and "
@@ -449,7 +449,7 @@ def main(argv=None) -> int:
     log.record["acceptance"] = est
     log.info(f"held-out estimate (n_max 4, {est['prompts']} assistant turns): mean accepted per round "
              f"{est['mean_accepted_per_round']:.2f}, by depth {est['accepted_at_depth']}")
-    log.record["command"] = "python scripts/train_agent_pair.py" + "".join(
+    log.record["command"] = "python -m scripts.train_agent_pair" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     log.save()
     write_card(out, log.record)

@@ -4,8 +4,8 @@
 No real Laguna weights can be fetched everywhere, so the project ships a pair it trains itself,
 on a corpus every machine with CPython has: the standard library's own sources.
 
-    python scripts/train_demo_pair.py                      # writes runtime/data/laguna-tiny/
-    python scripts/train_demo_pair.py --reuse-target       # retrain only the drafter
+    python -m scripts.train_demo_pair                      # writes runtime/data/laguna-tiny/
+    python -m scripts.train_demo_pair --reuse-target       # retrain only the drafter
 
 What it does, on CPU with fixed seeds (two threads by default):
 
@@ -41,7 +41,6 @@ import os
 import platform
 import shutil
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -49,19 +48,14 @@ import numpy as np
 
 from laguna_dflash.runtime import assets
 
-from . import tiny_target as tt
+from tests.helpers import tiny_target as tt
+from tests.helpers.stdlib_corpus import HELD_OUT, held_out_files, read, stdlib_dir, training_files
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = assets.TINY_DIR
 PROMPTS_FILE = assets.CODE_PROMPTS
 TARGET_GGUF = "Laguna-Tiny-target-Q8_0.gguf"
 DRAFTER_DIR = "Laguna-Tiny-DFlash"
-
-#: stdlib modules never seen by the tokenizer, the target or the drafter; the prompts come from them
-HELD_OUT = (
-    "bisect.py", "colorsys.py", "fnmatch.py", "glob.py", "graphlib.py", "heapq.py", "numbers.py",
-    "queue.py", "reprlib.py", "sched.py", "secrets.py", "shlex.py", "textwrap.py", "zipapp.py",
-)
 
 VOCAB = 4096
 N_LAYER = 24
@@ -101,7 +95,7 @@ TARGET_CONFIG = dict(
     router_aux_loss_coef=0.01,
 )
 
-#: the drafter (keyword arguments of laguna_dflash.convert.synthetic.drafter_config_dict)
+#: the drafter (keyword arguments of tests/helpers/synthetic.py's drafter_config_dict)
 DRAFTER_KW = dict(
     hidden=HIDDEN,
     n_layers=2,
@@ -120,24 +114,6 @@ DRAFTER_KW = dict(
 
 
 # ------------------------------------------------------------------------------------ corpus
-
-
-def stdlib_dir() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
-def training_files() -> list[Path]:
-    """Top-level stdlib modules, sorted, minus the held-out list."""
-    files = sorted(stdlib_dir().glob("*.py"))
-    return [p for p in files if p.name not in HELD_OUT]
-
-
-def held_out_files() -> list[Path]:
-    return [stdlib_dir() / n for n in HELD_OUT if (stdlib_dir() / n).exists()]
-
-
-def read(p: Path) -> str:
-    return p.read_text(encoding="utf-8", errors="replace")
 
 
 def make_prompts(n_lines: int = 22) -> list[str]:
@@ -448,7 +424,7 @@ def drafter_block_logits(drafter, ctx_feats, anchors, blocks, embed, lm_head):
     context K/V computed once and shared by its A blocks.
     """
     import torch
-    from training.torch_drafter import build_window_mask
+    from tests.helpers.torch_drafter import build_window_mask
 
     S, T, _ = ctx_feats.shape
     A, L = blocks.shape[1], blocks.shape[2]
@@ -472,8 +448,8 @@ def drafter_block_logits(drafter, ctx_feats, anchors, blocks, embed, lm_head):
 def train_drafter(args, log: Log, target, seqs, feats, plens, out_dir: Path,
                   name: str = "laguna-dflash/Laguna-Tiny-DFlash"):
     import torch
-    from laguna_dflash.convert.synthetic import drafter_config_dict
-    from training.torch_drafter import LagunaDFlashDrafter
+    from tests.helpers.synthetic import drafter_config_dict
+    from tests.helpers.torch_drafter import LagunaDFlashDrafter
 
     cfg = drafter_config_dict(**DRAFTER_KW, name_or_path=name)
     torch.manual_seed(args.seed + 2)
@@ -840,7 +816,7 @@ def main(argv=None) -> int:
         if args.bench:
             log.record["bench"] = run_bench(out, log)
         saved = argparse.Namespace(**log.record["args"])
-        command = log.record.get("command", "python scripts/train_demo_pair.py")
+        command = log.record.get("command", "python -m scripts.train_demo_pair")
         write_card(out, log, saved, command)
         (out / "train_log.json").write_text(json.dumps(log.record, indent=2) + "\n")
         log.info(f"wrote {out / 'README.md'}")
@@ -930,7 +906,7 @@ def main(argv=None) -> int:
         time.time() - log.t0 + (log.record["target_seconds"] if args.reuse_target else 0) + reused_seconds, 1)
     if args.bench:
         log.record["bench"] = run_bench(out, log)
-    command = "python scripts/train_demo_pair.py" + "".join(
+    command = "python -m scripts.train_demo_pair" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     log.record["command"] = command.replace(" --reuse-target", "").replace(" --bench", "")
     write_card(out, log, args, log.record["command"])

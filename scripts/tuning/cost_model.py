@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Cost model of DFlash speculation for a Laguna XS 2.1 pair on this CPU, at real widths.
 
-    .venv/bin/python scripts/bench/bench_cost_model.py                 # build (once, cached), measure, predict
-    .venv/bin/python scripts/bench/bench_cost_model.py --threads 1 --repeats 12 --png docs/results/cost-model/cost-model.png
-    .venv/bin/python scripts/bench/bench_cost_model.py --from-json RUN.json --png out.png   # re-analyse only
+    .venv/bin/python -m scripts.bench.bench_cost_model                 # build (once, cached), measure, predict
+    .venv/bin/python -m scripts.bench.bench_cost_model --threads 1 --repeats 12 --png docs/results/cost-model/cost-model.png
+    .venv/bin/python -m scripts.bench.bench_cost_model --from-json RUN.json --png out.png   # re-analyse only
 
 What it builds (under ``$LAGUNA_DFLASH_CACHE/costmodel``, default ``~/.cache/laguna-dflash/costmodel``,
 6.8 GB, plus 7.7 GB for a moment while the F16 file exists; skipped when present; the first build
@@ -20,7 +20,7 @@ takes about 7.5 minutes on 2 cores and is deterministic for a given ``--seed``):
   multi-row pass can read) and with a selection bias that sends every token to the same 8 experts
   per layer (``shared`` routing: a verify pass reads no more expert weights than a decode step).
   A real model's routing lies between the two;
-* a random drafter with the exact XS 2.1 DFlash shapes (``laguna_dflash.convert.synthetic.XS_2_1``), converted
+* a random drafter with the exact XS 2.1 DFlash shapes (``tests.helpers.synthetic.XS_2_1``), converted
   to Q8_0 against the 5-layer target by this project's converter. Its ``target_layer_ids`` are
   ``[0..4]`` (the real ones, ``[1, 13, 25, 33, 39]``, need 40 layers); no shape depends on them.
 
@@ -67,7 +67,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from recorded import command_line  # noqa: E402
+from scripts.recorded import command_line
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 
@@ -143,7 +143,7 @@ def byte_level_alphabet() -> list[str]:
 def synthetic_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
     """Laguna-style specials at their fixed ids (MASK = 12), the 256 byte tokens, then merged pairs
     and triples of byte tokens with the merges that make them, up to exactly ``n_vocab`` tokens."""
-    from laguna_dflash.convert.synthetic import SPECIAL_TOKENS
+    from tests.helpers.synthetic import SPECIAL_TOKENS
     from gguf import TokenType
 
     chars = byte_level_alphabet()
@@ -399,7 +399,7 @@ class Artifacts:
 def build(root: Path, seed: int, n_threads: int, force: bool) -> Artifacts:
     from laguna_dflash.convert.converter import convert
     from laguna_dflash.convert.quantize import OutType
-    from laguna_dflash.convert.synthetic import XS_2_1, write_drafter
+    from tests.helpers.synthetic import XS_2_1, write_drafter
     from laguna_dflash.convert.target import read_target
 
     root.mkdir(parents=True, exist_ok=True)

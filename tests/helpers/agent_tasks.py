@@ -12,7 +12,7 @@ one turn for two expressions), showing a definition's first lines (grep, then re
 steps), a missing module (a tool error handled), a greeting (no tool), and repeating a phrase
 (no tool: copying, which the others rely on). Subjects come from
 the training modules; held-out tasks use the modules, packages and numbers the training never
-saw (``HELD_OUT`` of the demo pair, ``HELD_OUT_PACKAGES``).
+saw (``stdlib_corpus.HELD_OUT``, ``HELD_OUT_PACKAGES``).
 
 Answers come in two styles with the same facts: ``"plain"`` (the shipped pair's: "`f` is defined
 in `a.py` at line 12", "2 * 3 = 6") and ``"quoted"``, where every fact in an answer is a verbatim
@@ -24,17 +24,18 @@ copies the rest token by token, instead of composing it.
 from __future__ import annotations
 
 import ast
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from agent_tools import TOOLS, Workspace, parse_arguments  # noqa: E402
+try:  # the tests: examples/ is on pytest's pythonpath
+    from agent_tools import TOOLS, Workspace, parse_arguments
+except ModuleNotFoundError:  # the lab (scripts/), run from the repository root
+    from examples.agent_tools import TOOLS, Workspace, parse_arguments
 
-from .demo_pair import HELD_OUT, read, stdlib_dir  # noqa: E402
+from .stdlib_corpus import HELD_OUT, read, stdlib_dir
 
 HELD_OUT_PACKAGES = ("html", "wsgiref", "xmlrpc", "urllib", "dbm")
 #: modules whose import has side effects or needs a display: never a subject

@@ -1,6 +1,6 @@
 """Deterministic random Laguna DFlash drafter checkpoints, for tests and benchmarks.
 
-    from .synthetic import XS_2_1, write_drafter
+    from helpers.synthetic import XS_2_1, write_drafter
     write_drafter(Path("xs"), **XS_2_1)                        # the real XS 2.1 shapes, 0.9 GB bf16
     write_drafter(Path("tiny"), fused_qkv=False, prefix=True)  # a few hundred KB, split q/k/v, ``model.``
 
@@ -22,11 +22,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .checkpoint import (ARCHITECTURE, DEFAULT_CONTEXT_LENGTH, MODEL_TYPE, SLIDING, DrafterConfig, expected_tensors,
-                         parse_config)
-from .quantize import to_bf16_bits
-from .safetensors_io import PlannedTensor, write_streaming
-from .gguf import keys as K
+from laguna_dflash.convert.checkpoint import (ARCHITECTURE, DEFAULT_CONTEXT_LENGTH, MODEL_TYPE, SLIDING, DrafterConfig,
+                                              expected_tensors, parse_config)
+from laguna_dflash.convert.gguf import keys as K
+from laguna_dflash.convert.quantize import to_bf16_bits
+from laguna_dflash.convert.safetensors_io import PlannedTensor, write_streaming
 
 DType = Literal["bf16", "f16", "f32"]
 _ST_DTYPE = {"bf16": "BF16", "f16": "F16", "f32": "F32"}

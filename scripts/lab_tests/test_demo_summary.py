@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from demo_summary import main, summary_line
 from laguna_dflash.runtime.assets import PROMPTS_DIR
+from scripts.demo_summary import main, summary_line
 
 
 def test_line_names_both_speeds_the_ratio_and_the_verdict():

@@ -6,7 +6,7 @@ sliding/full ``layer_types`` (period 4, full first), per-layer head counts, part
 full-attention layers, one leading dense layer then sigmoid-routed MoE with a shared expert,
 the per-head softplus gate and QK norm — at a size of a few MB in F32.
 
-    python scripts/tiny_target.py OUT_DIR          # writes OUT_DIR/hf, OUT_DIR/tiny-laguna-f32.gguf,
+    python tests/helpers/tiny_target.py OUT_DIR    # writes OUT_DIR/hf, OUT_DIR/tiny-laguna-f32.gguf,
                                                    # OUT_DIR/reference.npz
 
 The GGUF is written by the sdist's own ``convert_hf_to_gguf.py`` (found through
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-SCRIPTS = HERE.parent
+REPO = Path(__file__).resolve().parents[2]
+BUILD_WHEEL = REPO / "scripts" / "build_wheel.py"
 
 #: Laguna-style special tokens; their ids are fixed so MASK sits at 12 as in Poolside's vocab.
 SPECIAL_TOKENS = [
@@ -165,7 +165,7 @@ def llama_cpp_dir() -> Path:
     env = os.environ.get("LAGUNA_LLAMA_CPP_DIR")
     if env:
         return Path(env)
-    out = subprocess.run([sys.executable, str(SCRIPTS / "build_wheel.py"), "--source-dir"],
+    out = subprocess.run([sys.executable, str(BUILD_WHEEL), "--source-dir"],
                          check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
     return Path(out) / "vendor" / "llama.cpp"
 
@@ -219,7 +219,7 @@ def reference_prompt(tokenizer_dir: Path, n_tokens: int = 96) -> list[int]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    text = (SCRIPTS / "build_wheel.py").read_text()
+    text = BUILD_WHEEL.read_text()
     ids = tok(text, add_special_tokens=False)["input_ids"]
     return ids[:n_tokens]
 
@@ -227,7 +227,7 @@ def reference_prompt(tokenizer_dir: Path, n_tokens: int = 96) -> list[int]:
 def generator_fingerprint() -> str:
     """Changes whenever this generator (or the patch set it converts with) changes."""
     h = hashlib.sha256(Path(__file__).read_bytes())
-    for p in sorted((SCRIPTS.parent / "patches").glob("*")):
+    for p in sorted((REPO / "patches").glob("*")):
         h.update(p.read_bytes())
     return h.hexdigest()[:12]
 

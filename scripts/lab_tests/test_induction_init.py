@@ -5,17 +5,13 @@ tokens, it also continues them where tokens recur, which matching one cannot."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from training import copy_curriculum, demo_pair, induction_init  # noqa: E402
+from scripts.training import copy_curriculum, demo_pair, induction_init  # noqa: E402
 
 from laguna_dflash.runtime import assets  # noqa: E402
 

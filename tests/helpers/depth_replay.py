@@ -13,6 +13,9 @@ engine would report.
 Round i of a replay draws the same noise whatever the policy, so two policies replayed with one
 seed meet the same clock. A replay is deterministic per seed and fast: a tuner can be judged
 over many prompt orders and noise draws in the time one live benchmark takes.
+
+The recorder's own pieces live here too, so that the tests check them: ``Scripted`` (the fixed
+schedule of depths it plays) and ``drift`` (its fit of the clock's slow part).
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from laguna_dflash.runtime.drafter import capture_horizon
 from laguna_dflash.runtime.tuner import DepthPolicy, FixedDepth
 
 #: The recorded rounds of the bundled pair (scripts/bench/record_acceptance.py writes them).
-RECORDED = Path(__file__).resolve().parent / "recordings"
+RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "recordings"
 
 
 @dataclass
@@ -276,3 +281,39 @@ def repeat_interval(tokens: dict[str, list[float]], seconds: dict[str, list[floa
                     for _ in range(resamples))
     tail = (1.0 - level) / 2
     return ratios[int(tail * (resamples - 1))], ratios[int(round((1.0 - tail) * (resamples - 1)))]
+
+
+class Scripted(DepthPolicy):
+    """Plays a fixed list of depths (the last one repeats) and keeps what each round reported."""
+
+    def __init__(self, schedule: list[int], ahead: int = 0) -> None:
+        self.schedule, self.log, self.ahead = schedule, [], ahead
+
+    def plain_rounds_ahead(self) -> int:
+        return self.ahead
+
+    def choose(self) -> int:
+        return self.schedule[min(len(self.log), len(self.schedule) - 1)]
+
+    def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0) -> None:
+        self.log.append((depth, accepted, t_round, t_catchup))
+
+
+def drift(runs: list[list[float]]) -> dict:
+    """The slow part of the clock, from runs of successive rounds (each round's time over its
+    depth's median): the autocorrelation of log(ratio) at lag L is taken as share * phi**L (a
+    slow AR(1) factor plus independent noise), fitted from lags 1 and 4."""
+
+    def acf(lag: int) -> float:
+        num = den = 0.0
+        for run in runs:
+            x = np.clip(np.log(np.asarray(run)), -0.5, 0.5)  # a stall is not drift
+            x = x - x.mean()
+            num += float(np.dot(x[:-lag], x[lag:]))
+            den += float(np.dot(x, x)) * (len(x) - lag) / len(x)
+        return num / den if den > 0 else 0.0
+    a1, a4 = acf(1), acf(4)
+    if a1 <= 0 or a4 <= 0:
+        return {"drift_phi": 0.0, "drift_share": 0.0, "acf": [a1, a4]}
+    phi = min(0.99, (a4 / a1) ** (1 / 3))
+    return {"drift_phi": phi, "drift_share": min(1.0, a1 / phi), "acf": [a1, a4]}

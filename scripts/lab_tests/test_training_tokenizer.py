@@ -1,19 +1,16 @@
-"""The training scripts' tokenizer with ``isolate_spaces`` (scripts/training/tiny_target.py): a word
+"""The training scripts' tokenizer with ``isolate_spaces`` (tests/helpers/tiny_target.py): a word
 is the same tokens after a space as anywhere else, and llama.cpp, told that the vocabulary
 pre-tokenizes like GPT-2, splits text into exactly the tokens transformers trained on."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("tokenizers")
 transformers = pytest.importorskip("transformers")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from training import agent_pair, demo_pair, tiny_target  # noqa: E402
+from scripts.training import agent_pair, demo_pair  # noqa: E402
+from tests.helpers import tiny_target  # noqa: E402
 
 TEXTS = [
     "Find the definition of `yiq_to_rgb`.",
