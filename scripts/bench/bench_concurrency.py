@@ -4,7 +4,7 @@
 round for every stream) against separate slots (an Engine and a thread per stream, each with
 its own contexts: the server's slots before the batched engine) (issue 48).
 
-    python scripts/bench/bench_concurrency.py --repeats 5 --threads 2 \\
+    python -m scripts.bench.bench_concurrency --repeats 5 --threads 2 \\
         --json docs/results/concurrency/concurrency.json --png docs/results/concurrency/concurrency.png
 
 The workload: ``--requests`` greedy completions of ``--n-predict`` tokens on the bundled code
@@ -28,15 +28,12 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(1, str(ROOT / "scripts"))
-from arguments import int_list  # noqa: E402
-from recorded import command_line, write_results  # noqa: E402
+from scripts.arguments import int_list
+from scripts.recorded import command_line, write_results
 
 ACCEPTANCE = (4, 4, 1.8)  # streams, depth, aggregate ratio over one at a time
 
