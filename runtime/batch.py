@@ -5,7 +5,10 @@
 
 Each slot is a llama.cpp sequence of one target context with its own KV stream (cells laid out
 as when it runs alone, ``swa_full`` so that a sliding-window layer's cells stay in position
-order whatever the rollbacks), its own drafter context and its own prompt cache. A round asks
+order whatever the rollbacks; patch 0006's ring applies to one stream only), its own drafter
+context and its own prompt cache. One slot is Engine's context (the ring: a smaller cache), so
+an engine of one slot and an engine of several may differ in the last bits of a sliding-window
+layer's sums once a sequence passes the ring's size, with an F16 cache. A round asks
 every running sequence for its rows (runtime/rounds.py: a plain step, a verify block of any
 depth, or the next part of its prompt), decodes them all in one ``llama_decode``, and hands each
 sequence its logits and captured rows; its drafter then reads them. A prompt takes the rows that
@@ -20,7 +23,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from .drafter import Drafter
-from .engine import EngineConfig, GenerationResult, refuse_closed
+from .engine import EngineConfig, GenerationResult, one_sequence_params, refuse_closed
 from .llama import Context, ContextParams, LlamaError, Model, SeqView
 from .open_pair import PairFiles, open_models
 from .prompt_cache import PromptCache
@@ -98,12 +101,14 @@ class BatchEngine:
         self._closed = False
         self._owned: list[Model] = []
         deepest = pair.max_draft if pair.drafter is not None else 0
-        # every slot's deepest verify block fits one batch; a microbatch takes them all at once
-        n_batch = max(cfg.n_batch, n_seq * (deepest + 1))
-        n_ubatch = min(cfg.n_ubatch or n_batch, n_batch)
-        self.ctx = Context(target, ContextParams(
-            n_ctx=cfg.n_ctx * n_seq, n_batch=n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
-            n_threads=cfg.n_threads, swa_full=True, n_seq=n_seq))
+        if n_seq == 1:  # Engine's context: the ring keeps the sliding-window cache small
+            params = one_sequence_params(cfg, pair.target.sliding_window, deepest, pair.drafter is not None)
+        else:
+            # every slot's deepest verify block fits one batch; a microbatch takes them all at once
+            n_batch = max(cfg.n_batch, n_seq * (deepest + 1))
+            params = ContextParams(n_ctx=cfg.n_ctx * n_seq, n_batch=n_batch, n_ubatch=min(cfg.n_ubatch or n_batch, n_batch),
+                                   kv_type=cfg.kv_type, n_threads=cfg.n_threads, swa_full=True, n_seq=n_seq)
+        self.ctx = Context(target, params)
         self._captured: set[int] = set()
         self._order = itertools.count()
         self.slots: list[_Slot] = []

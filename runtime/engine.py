@@ -58,6 +58,17 @@ class GenerationResult:
     stop_reason: str
 
 
+def one_sequence_params(cfg: EngineConfig, window: int, deepest: int, drafting: bool) -> ContextParams:
+    """The target context of one sequence: the microbatch that keeps its sliding-window cache
+    smallest (a ring: patch 0006 lays position p out in cell p % size, whatever the rollbacks)."""
+    n_ubatch = cfg.n_ubatch or microbatch_for_window(window, cfg.n_batch, floor=max(64, deepest + 1))
+    # A verify pass must be one ubatch, or the sliding-window cache may evict cells that a
+    # rollback makes visible again; keep the whole window when it could be split.
+    swa_full = drafting and n_ubatch < deepest + 1
+    return ContextParams(n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
+                         n_threads=cfg.n_threads, swa_full=swa_full)
+
+
 def refuse_closed(closed: bool, target: Model) -> None:
     """ClosedError once an engine, or the target model it runs on, was closed."""
     if closed:
@@ -129,14 +140,8 @@ class Engine:
         self.target_spec = pair.target
         draft_spec = pair.drafter
         deepest = max_depth if max_depth is not None else pair.max_draft
-        n_ubatch = cfg.n_ubatch or microbatch_for_window(self.target_spec.sliding_window, cfg.n_batch,
-                                                         floor=max(64, deepest + 1))
-        # A verify pass must be one ubatch, or the sliding-window cache may evict cells that a
-        # rollback makes visible again; keep the whole window when it could be split.
-        swa_full = draft_spec is not None and n_ubatch < deepest + 1
-        self.ctx = Context(target, ContextParams(
-            n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
-            n_threads=cfg.n_threads, swa_full=swa_full))
+        self.ctx = Context(target, one_sequence_params(cfg, self.target_spec.sliding_window, deepest,
+                                                       drafting=draft_spec is not None))
         n_threads = self.ctx.n_threads  # the drafter's too: counted once, when the target's context opens
         self._policies = DepthPolicies()
         self.prompt_cache = PromptCache(cfg.prompt_cache)

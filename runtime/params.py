@@ -284,8 +284,8 @@ PAIR = Group(
 SERVER = Group(
     Param("host", ("--host",), "Address to listen on (127.0.0.1: this machine only).", str, "127.0.0.1"),
     Param("port", ("--port",), "TCP port (0: any free one, printed at start).", int, 8080, lo=0, hi=65535),
-    Param("parallel", ("--parallel", "-np"), "Engine slots: requests generated at once over the one loaded "
-          "pair.", int, 1, lo=1, hi=MAX_SEQ),
+    Param("parallel", ("--parallel", "-np"), "Slots: requests generated at once, each with its own KV cache "
+          "of -c tokens, decoded together in one target pass per round.", int, 1, lo=1, hi=MAX_SEQ),
     Param("max_queue", ("--max-queue",), "Requests that may wait for a slot (first in, first out); one more "
           "gets 503.", int, 16, lo=0, hi=MAX_SIZE),
     Param("max_body_bytes", ("--max-body-bytes",), "Largest request body in bytes; a larger one is answered 413 "

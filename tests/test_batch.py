@@ -42,9 +42,14 @@ def pair():
 
 @pytest.fixture(scope="module")
 def solo(pair):
-    """Each request alone on a one-slot engine: tokens and (rounds, drafted, accepted)."""
-    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=1) as engine:
-        return [_summary(engine.generate_all([p], o)[0]) for p, o in requests()]
+    """Each request alone, by the slot count of the engine it ran on: tokens and (rounds,
+    drafted, accepted). A one-slot engine's sliding-window cache is a ring, a several-slot
+    engine's keeps every cell: alone means alone on an engine of its kind."""
+    out = {}
+    for n_seq in (1, 2):
+        with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=n_seq) as engine:
+            out[n_seq] = [_summary(engine.generate_all([p], o)[0]) for p, o in requests()]
+    return out
 
 
 def _summary(result) -> tuple:
@@ -88,7 +93,7 @@ def test_each_request_equals_its_solo_output_among_arrivals_and_cancellations(pa
         if prompt_cache:
             assert any(s.n_cached for _, reason, s in results.values() if s is not None), "no prompt reused"
         for i, (tokens, reason, stats) in results.items():
-            want_tokens, want_counts = solo[i]
+            want_tokens, want_counts = solo[min(n_seq, 2)][i]
             if reason == "interrupted":
                 assert tokens == want_tokens[:len(tokens)], f"request {i}: cancelled output is not a prefix of its own"
                 continue
@@ -144,3 +149,15 @@ def test_a_refused_request_starts_nothing_and_the_slot_stays_free(pair):
         assert not engine.busy(0)
         out = engine.generate_all([PROMPTS[0]], GenerateOptions(n_predict=4))
         assert len(out[0].tokens) == 4
+
+
+def test_one_slot_runs_as_the_engine_does(pair):
+    from laguna_dflash.runtime.engine import Engine
+
+    reqs = requests()[:6]
+    with Engine.open(pair, EngineConfig(**CONFIG)) as engine:
+        want = [engine.generate(p, o) for p, o in reqs]
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=1) as engine:
+        got = [engine.generate_all([p], o)[0] for p, o in reqs]
+    assert [g.tokens for g in got] == [w.tokens for w in want]
+    assert [g.text for g in got] == [w.text for w in want]
