@@ -7,15 +7,16 @@ its own contexts: the server's slots before the batched engine) (issue 48).
     python -m scripts.bench.bench_concurrency --repeats 5 --threads 2 \\
         --json docs/results/concurrency/concurrency.json --png docs/results/concurrency/concurrency.png
 
-The workload: ``--requests`` greedy completions of ``--n-predict`` tokens on the bundled code
-pair's prompt file (F16 cache, prompt cache off), served by C streams in a closed loop (each
+The workload: ``--requests`` greedy completions of ``--n-predict`` tokens on the first
+``--prompt-tokens`` tokens of the bundled code pair's prompts (F16 cache, prompt cache off), served by C streams in a closed loop (each
 stream takes the next request when its last one ends, as C clients would); a run's wall time
 is from the first request to the last token. Every (engine, C, depth) run is one cell; the
 repetitions run every cell once each, in the same order, ``--repeats`` times (interleaved).
 Statistic (fixed before the run): per cell the median over repetitions of the aggregate
 tokens/s (all tokens over the run's wall time), with min-max; per-stream tokens/s is each
 request's tokens over its own time from start to end, TTFT from its start to its first token
-(the prefill's wall time, Stats.t_prefill, in both engines), both the median over the run's requests, then over repetitions. The acceptance ratio is the
+(the prefill's wall time, Stats.t_prefill, in both engines), both the median over the run's requests, then over repetitions; tokens per CPU second (this
+process's CPU time) is what a run would give were the cores its own. The acceptance ratio is the
 batched cell at C=4, depth 4 over the separate cell at C=1, depth 4 (the same requests run one
 at a time on today's engine), held at >= 1.8 with every batched output equal to the output the
 same request has alone on the batched engine (C=1); outputs are also compared with today's
@@ -64,19 +65,19 @@ class Run:
         self.t_start, self.t_first, self.t_end = [0.0] * n, [0.0] * n, [0.0] * n
         self.tokens: list[list[int]] = [[] for _ in range(n)]
 
-    def summary(self, wall: float) -> dict:
+    def summary(self, wall: float, cpu: float) -> dict:
         n_tok = sum(len(t) for t in self.tokens)
         per = [len(t) / (e - s) for t, s, e in zip(self.tokens, self.t_start, self.t_end)]
         ttft = [f - s for f, s in zip(self.t_first, self.t_start)]
         return {"aggregate": n_tok / wall, "per_stream": statistics.median(per), "ttft": statistics.median(ttft),
-                "tokens": n_tok, "wall": wall}
+                "per_cpu_s": n_tok / cpu, "tokens": n_tok, "wall": wall, "cpu": cpu}
 
 
 def run_batched(engine, prompts, opts, streams: int) -> tuple[dict, list[list[int]]]:
     run = Run(len(prompts))
     queue = list(range(len(prompts)))
     owner: dict[int, int] = {}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     while queue or owner:
         for slot in range(streams):
             if queue and slot not in owner:
@@ -94,7 +95,7 @@ def run_batched(engine, prompts, opts, streams: int) -> tuple[dict, list[list[in
             run.tokens[i] = list(fin.tokens)
             run.t_first[i] = run.t_start[i] + fin.stats.t_prefill
             run.t_end[i] = now
-    return run.summary(time.perf_counter() - t0), run.tokens
+    return run.summary(time.perf_counter() - t0, time.process_time() - c0), run.tokens
 
 
 def run_separate(engines, prompts, opts, streams: int) -> tuple[dict, list[list[int]]]:
@@ -119,7 +120,7 @@ def run_separate(engines, prompts, opts, streams: int) -> tuple[dict, list[list[
             run.t_first[i] = run.t_start[i] + res.stats.t_prefill
             run.tokens[i] = res.tokens
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     threads = [threading.Thread(target=client, args=(e,)) for e in engines[:streams]]
     for t in threads:
         t.start()
@@ -127,7 +128,7 @@ def run_separate(engines, prompts, opts, streams: int) -> tuple[dict, list[list[
         t.join()
     if errors:
         raise errors[0]
-    return run.summary(time.perf_counter() - t0), run.tokens
+    return run.summary(time.perf_counter() - t0, time.process_time() - c0), run.tokens
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int_list(1, 64), default=(1, 2, 4, 8))
     ap.add_argument("--depths", type=int_list(0, 15), default=(0, 4))
     ap.add_argument("--requests", type=int, default=8)
-    ap.add_argument("--n-predict", type=int, default=128)
+    ap.add_argument("--n-predict", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=96, help="each prompt's first tokens (0: whole)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path)
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EngineConfig(n_ctx=1024, n_threads=args.threads, kv_type="f16", prompt_cache=False)
     texts = assets.read_prompts(assets.CODE_PROMPTS)
     target, drafter = Model(pair.target.path), Model(pair.drafter.path)
-    prompts = [target.tokenize(texts[i % len(texts)]) for i in range(args.requests)]
+    prompts = [target.tokenize(texts[i % len(texts)])[:args.prompt_tokens or None] for i in range(args.requests)]
     batched = {c: BatchEngine(target, pair, cfg, n_seq=c, drafter_model=drafter) for c in args.streams}
     separate = [Engine(target, config=cfg, drafter_model=drafter, pair=pair) for _ in range(max(args.streams))]
     cells = [(kind, c, d) for d in args.depths for c in args.streams for kind in ("batched", "separate")]
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         vals = [r[field] for r in results[key]]
         return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
 
-    table = {key: {f: med(key, f) for f in ("aggregate", "per_stream", "ttft")} for key in results}
+    table = {key: {f: med(key, f) for f in ("aggregate", "per_stream", "ttft", "per_cpu_s")} for key in results}
     solo_key = lambda kind, d: f"{kind} c1 d{d}"  # noqa: E731
     equal = {}
     for kind, c, d in cells:
@@ -203,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         verdict = {"ratio_of_medians": ratio, "per_repetition_ratios": ratios, "bar": bar,
                    "outputs_equal_alone": exact, "held": ratio >= bar and exact}
     result = {"command": command_line(__file__, argv), "cpu": cpu_record(), "threads": args.threads,
-              "requests": args.requests, "n_predict": args.n_predict, "repeats": args.repeats,
+              "requests": args.requests, "n_predict": args.n_predict, "prompt_tokens": args.prompt_tokens,
+              "repeats": args.repeats,
               "pair": "code", "cache": "f16", "others_busy_cores": others, "cells": table,
               "outputs": equal, "runs_whose_outputs_changed": differ, "acceptance": verdict}
     warning = busy_warning(others)
@@ -212,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, row in table.items():
         console.print(f"{key:22s} aggregate {row['aggregate']['median']:7.1f} tok/s "
                       f"({row['aggregate']['min']:.1f}-{row['aggregate']['max']:.1f}), per stream "
-                      f"{row['per_stream']['median']:6.1f}, TTFT {row['ttft']['median'] * 1e3:6.0f} ms  {equal.get(key)}")
+                      f"{row['per_stream']['median']:6.1f}, TTFT {row['ttft']['median'] * 1e3:6.0f} ms, "
+                      f"{row['per_cpu_s']['median']:6.1f} tok per CPU s  {equal.get(key)}")
     if verdict:
         console.print(f"acceptance: batched c{c_acc} d{d_acc} / separate c1 d{d_acc} = {verdict['ratio_of_medians']:.2f}x "
                       f"(bar {bar}), outputs equal alone: {verdict['outputs_equal_alone']} -> "
@@ -252,6 +256,7 @@ def plot(result: dict, png: Path) -> None:
     axes[0].set(xlabel="concurrent streams", ylabel="aggregate tokens/s (median, min-max)", xscale="log", xticks=[1, 2, 4, 8])
     axes[1].set(xlabel="concurrent streams", ylabel="time to first token, ms (median)", xscale="log", xticks=[1, 2, 4, 8])
     for ax in axes:
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xticklabels(["1", "2", "4", "8"])
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
