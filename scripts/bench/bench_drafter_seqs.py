@@ -2,7 +2,7 @@
 """The drafter for batched slots: N draft blocks as N decodes of N drafter contexts (what
 runtime/batch.py does) against one decode over N sequences of one drafter context (issue 48).
 
-    python scripts/bench/bench_drafter_seqs.py --json docs/results/concurrency/drafter-seqs.json
+    python -m scripts.bench.bench_drafter_seqs --json docs/results/concurrency/drafter-seqs.json
 
 Both sides decode the block [bonus, MASK * depth] of each of N sequences after ``--context``
 injected context rows (random features, the same for both), on one thread; the statistic
@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(1, str(ROOT / "scripts"))
-from arguments import int_list  # noqa: E402
-from recorded import command_line  # noqa: E402
+from scripts.arguments import int_list
+from scripts.recorded import command_line
 
 
 def main(argv: list[str] | None = None) -> int:
