@@ -133,12 +133,12 @@ class PoolsideFile:
 
     @property
     def name(self) -> str:
-        v = self.values.get("general.name")
+        v = self.values.get(K.GENERAL_NAME)
         return v if isinstance(v, str) and v.strip() else self.path.stem
 
     @property
     def source_repo(self) -> str | None:
-        v = self.values.get("general.source.huggingface.repository")
+        v = self.values.get(K.GENERAL_SOURCE_REPO)
         return v if isinstance(v, str) and re.match(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$", v) else None
 
 

@@ -156,7 +156,7 @@ def read_target_gguf(path: Path) -> TargetInfo:
     tokens = tok.get(K.TOKENS)
     if tokens is None or tokens.sub_type != GGUFValueType.STRING or not tokens.value:
         raise ContractError(path, K.TOKENS, "the target's vocabulary (array of strings)", "nothing")
-    name = kv_text(field_kv(reader, "general.name")) or path.stem
+    name = kv_text(field_kv(reader, K.GENERAL_NAME)) or path.stem
     return TargetInfo(path, name, arch, n_layer, hidden, len(tokens.value), tok)
 
 
@@ -229,7 +229,7 @@ def read_target_hf(hf_dir: Path, *, vocab_step: VocabStep | None = None) -> Targ
         (vocab_step or llama_cpp_vocab_step)(hf_dir, out)
         reader = open_gguf(out)
         tok = tokenizer_kvs(reader)
-        name = kv_text(field_kv(reader, "general.name"))
+        name = kv_text(field_kv(reader, K.GENERAL_NAME))
         del reader  # release the memory map before the directory goes
     tokens = tok.get(K.TOKENS)
     n_tokens = len(tokens.value) if tokens is not None else 0

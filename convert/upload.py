@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+from gguf import Keys
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
@@ -189,18 +190,18 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     ids = _field(reader, K.for_arch(arch, K.TARGET_LAYER_IDS))
     layer_ids = tuple(int(i) for i in ids) if isinstance(ids, list) and ids else None
     laguna = _field(reader, K.for_arch(arch, K.DFLASH_LAGUNA))
-    source = _as_str(_field(reader, "general.source.huggingface.repository"))
+    source = _as_str(_field(reader, K.GENERAL_SOURCE_REPO))
     if source is not None and not _REPO_ID_RE.fullmatch(source):
         source = _repo_from_url(source)
     if source is None:
-        source = _repo_from_url(_as_str(_field(reader, "general.source.repo_url")))
+        source = _repo_from_url(_as_str(_field(reader, Keys.General.SOURCE_REPO_URL)))
     return GGUFInfo(
         filename=path.name,
         size=path.stat().st_size,
         sha256="",
         architecture=arch,
-        name=_as_str(_field(reader, "general.name")),
-        file_type=_as_int(_field(reader, "general.file_type")),
+        name=_as_str(_field(reader, K.GENERAL_NAME)),
+        file_type=_as_int(_field(reader, K.GENERAL_FILE_TYPE)),
         # The type holding most of the weights first: that is what the file "is".
         tensor_types=tuple(sorted(counts.items(), key=lambda kv: (-weights[kv[0]], kv[0]))),
         block_count=_as_int(_field(reader, K.for_arch(arch, K.BLOCK_COUNT))),
@@ -212,7 +213,7 @@ def inspect_gguf(path: Path) -> GGUFInfo:
         target_name=_as_str(_field(reader, K.for_arch(arch, K.TARGET_NAME))),
         target_n_layer=_as_int(_field(reader, K.for_arch(arch, K.TARGET_N_LAYER))),
         source_repo=source,
-        license=_as_str(_field(reader, "general.license")),
+        license=_as_str(_field(reader, Keys.General.LICENSE)),
     )
 
 

@@ -27,7 +27,7 @@ def longest_token_bytes(model_path: str | Path) -> int | None:
     from ..convert.gguf.rules import read_header_cached
 
     header = read_header_cached(model_path)
-    if header.get("tokenizer.ggml.model") not in _LOSSLESS_TOKENIZERS:
+    if header.get(K.TOKENIZER_MODEL) not in _LOSSLESS_TOKENIZERS:
         return None
     tokens = header.fields.get(K.TOKENS)
     if tokens is None or not tokens.is_array or not len(tokens.value):

@@ -274,3 +274,28 @@ def test_nothing_in_the_product_or_the_tests_edits_the_module_path():
              for f in sorted((REPO / folder).rglob("*.py"))
              for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if MODULE_PATH.search(line)]
     assert found == []
+
+
+def test_every_gguf_key_is_spelled_once():
+    """A metadata key the product reads or writes is gguf-py's constant or convert/gguf/keys.py's,
+    never a string literal of its own elsewhere (tensor names are mapping's and each layout's)."""
+    import gguf
+
+    from laguna_dflash.convert.gguf import keys
+
+    known = {v for group in vars(gguf.Keys).values() if isinstance(group, type)
+             for v in vars(group).values() if isinstance(v, str) and "." in v}
+    known |= {v for n, v in vars(keys).items() if n.isupper() and isinstance(v, str) and "." in v
+              and not v.endswith((".weight", ".bias"))}
+    assert "tokenizer.ggml.tokens" in known and keys.BLOCK_COUNT in known
+    spelled = []
+    for name, path in package_modules().items():
+        if name == "laguna_dflash.convert.gguf.keys":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and node.body and isinstance(node.body[0], ast.Expr)}
+        spelled += [f"{path.relative_to(REPO)}:{node.lineno} {node.value}" for node in ast.walk(tree)
+                    if isinstance(node, ast.Constant) and node.value in known and id(node) not in docstrings]
+    assert spelled == []

@@ -48,6 +48,7 @@ TOKEN_SCORES = Keys.Tokenizer.SCORES
 TOKEN_TYPES = Keys.Tokenizer.TOKEN_TYPE
 MERGES = Keys.Tokenizer.MERGES
 CHAT_TEMPLATE = Keys.Tokenizer.CHAT_TEMPLATE
+TOKENIZER_MODEL = Keys.Tokenizer.MODEL
 GENERAL_TYPE = "general.type"
 GENERAL_NAME = "general.name"
 GENERAL_BASENAME = "general.basename"

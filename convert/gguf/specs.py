@@ -71,7 +71,7 @@ def read_target(path: str | Path) -> TargetSpec:
     tokens = header_tokens(header)
     if not tokens:
         raise ContractError(path, K.TOKENS, "a vocabulary", "none")
-    n_layer, n_embd = header.get(f"{arch}.block_count"), header.get(f"{arch}.embedding_length")
+    n_layer, n_embd = header.get(K.for_arch(arch, K.BLOCK_COUNT)), header.get(K.for_arch(arch, K.EMBEDDING_LENGTH))
     name = header.get(K.GENERAL_NAME) or path.stem
     return TargetSpec(
         path=path, arch=arch, name=str(name), n_layer=n_layer, n_embd=n_embd, n_vocab=len(tokens),

@@ -282,7 +282,7 @@ def write_target_gguf(
     Enough for the converter (layer count, hidden size, vocabulary, tokenizer keys); it is not a
     model llama.cpp can run.
     """
-    from gguf import GGUFValueType, GGUFWriter, TokenType
+    from gguf import GGUFValueType, GGUFWriter, Keys, TokenType
 
     path = Path(path)
     if vocab_size < len(SPECIAL_TOKENS) + 1:
@@ -290,23 +290,23 @@ def write_target_gguf(
     w = GGUFWriter(path, arch)
     if name:
         w.add_name(name)
-    w.add_uint32(f"{arch}.block_count", n_layer)
-    w.add_uint32(f"{arch}.embedding_length", hidden)
-    w.add_uint32(f"{arch}.vocab_size", vocab_size)
+    w.add_uint32(K.for_arch(arch, K.BLOCK_COUNT), n_layer)
+    w.add_uint32(K.for_arch(arch, K.EMBEDDING_LENGTH), hidden)
+    w.add_uint32(K.for_arch(arch, K.VOCAB_SIZE), vocab_size)
     tokens = list(SPECIAL_TOKENS) + [f"t{i:x}" for i in range(len(SPECIAL_TOKENS), vocab_size)]
     n_special = len(SPECIAL_TOKENS)
     types = [int(TokenType.CONTROL)] * n_special + [int(TokenType.NORMAL)] * (vocab_size - n_special)
     merges = [f"t {i:x}" for i in range(len(SPECIAL_TOKENS), vocab_size)]
-    w.add_key_value("tokenizer.ggml.model", "gpt2", GGUFValueType.STRING)
-    w.add_key_value("tokenizer.ggml.pre", "laguna", GGUFValueType.STRING)
+    w.add_key_value(Keys.Tokenizer.MODEL, "gpt2", GGUFValueType.STRING)
+    w.add_key_value(Keys.Tokenizer.PRE, "laguna", GGUFValueType.STRING)
     w.add_key_value(K.TOKENS, tokens, GGUFValueType.ARRAY, GGUFValueType.STRING)
     w.add_key_value(K.TOKEN_TYPES, types, GGUFValueType.ARRAY, GGUFValueType.INT32)
     w.add_key_value(K.MERGES, merges, GGUFValueType.ARRAY, GGUFValueType.STRING)
-    w.add_key_value("tokenizer.ggml.bos_token_id", 2, GGUFValueType.UINT32)
-    w.add_key_value("tokenizer.ggml.eos_token_id", 2, GGUFValueType.UINT32)
-    w.add_key_value("tokenizer.ggml.eot_token_id", 13, GGUFValueType.UINT32)
-    w.add_key_value("tokenizer.ggml.padding_token_id", 0, GGUFValueType.UINT32)
-    w.add_key_value("tokenizer.ggml.add_bos_token", False, GGUFValueType.BOOL)
+    w.add_key_value(Keys.Tokenizer.BOS_ID, 2, GGUFValueType.UINT32)
+    w.add_key_value(Keys.Tokenizer.EOS_ID, 2, GGUFValueType.UINT32)
+    w.add_key_value(Keys.Tokenizer.EOT_ID, 13, GGUFValueType.UINT32)
+    w.add_key_value(Keys.Tokenizer.PAD_ID, 0, GGUFValueType.UINT32)
+    w.add_key_value(Keys.Tokenizer.ADD_BOS, False, GGUFValueType.BOOL)
     w.add_key_value(K.CHAT_TEMPLATE, "{% for m in messages %}{{ m.content }}{% endfor %}",
                     GGUFValueType.STRING)
     w.write_header_to_file()
