@@ -184,3 +184,13 @@ def test_the_system_prompt_renders_without_the_billing_header():
     messages = api.chat_messages(body)
     assert messages[0]["role"] == "system" and "billing" not in messages[0]["content"]
     assert messages[0]["content"].startswith("You are Claude Code")
+
+
+def test_claude_codes_system_messages_between_turns_render_in_place():
+    from laguna_dflash.runtime.server import anthropic as api
+
+    body = api.CountTokensRequest(model="m", system="S", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Q"}]},
+        {"role": "system", "content": [{"type": "text", "text": "# Environment\ncwd: /w"}]}])
+    assert api.chat_messages(body) == [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+                                       {"role": "system", "content": "# Environment\ncwd: /w"}]

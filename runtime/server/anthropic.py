@@ -3,7 +3,7 @@ over the core's request path (:mod:`~runtime.server.core`), for Claude Code and 
 clients.
 
 In: ``system`` (a string or text blocks), ``messages`` with text, ``tool_use``, ``tool_result``
-and ``thinking`` blocks, ``tools`` with ``input_schema``, ``tool_choice`` (``auto``, ``any``,
+and ``thinking`` blocks (and ``system`` messages between turns, which Claude Code sends), ``tools`` with ``input_schema``, ``tool_choice`` (``auto``, ``any``,
 ``tool``, ``none``; ``disable_parallel_tool_use``), ``stop_sequences``, ``max_tokens``,
 ``temperature``/``top_p``/``top_k``, ``thinking`` (``enabled`` with a budget, ``adaptive`` or
 ``disabled``: Laguna's ``enable_thinking``; the budget is not enforced, the reasoning ends when
@@ -59,7 +59,7 @@ class _Body(BaseModel):
 
 
 class Message(_Body):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # Claude Code sends system messages between turns
     content: str | list[dict[str, Any]]
 
 
@@ -170,9 +170,11 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
                 calls.append({"id": str(block.get("id", "")), "type": "function",
                               "function": {"name": block["name"], "arguments": block.get("input", {})}})
             else:
-                allowed = "text, tool_result" if message.role == "user" else "text, thinking, tool_use"
+                allowed = {"user": "text, tool_result", "assistant": "text, thinking, tool_use"}.get(message.role, "text")
                 raise _bad(f"{where}.type", f"{allowed} (this model reads text only)", kind)
-        if message.role == "user":
+        if message.role == "system":
+            out.append({"role": "system", "content": "".join(texts)})
+        elif message.role == "user":
             if texts or not out or out[-1]["role"] != "tool":
                 out.append({"role": "user", "content": "".join(texts)})
         else:
