@@ -14,11 +14,16 @@ nothing idle but decoded 3x slower beside a competitor that arrived mid-run
 Load meter (``CpuMeter``): CPU time the cores used that this process did not use, as cores'
 worth on average between two snapshots; ``laguna-run bench`` reports it, because tokens/s
 and speedups measured beside another job mean less.
+
+CPU facts (``cpu_facts``): the model, the flags that decide which of ggml's CPU kernels run,
+and the core counts, which every benchmark's results record: a figure means little without
+the CPU it was measured on.
 """
 
 from __future__ import annotations
 
 import os
+import platform
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -33,6 +38,12 @@ TAKEN_CORE = 0.5
 #: other processes using more than this many cores on average during a bench make its
 #: ratios suspect
 BUSY_WARN_CORES = 0.3
+
+#: /proc/cpuinfo flags (by prefix) that decide which of ggml's CPU kernels run: x86's vector
+#: and matrix extensions (``pni`` is the kernel's name for SSE3), Arm's SIMD, dot-product and
+#: matrix ones
+KERNEL_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "bmi2", "sse4", "ssse3", "pni",
+                        "asimd", "sve", "dotprod", "i8mm", "bf16", "fphp")
 
 # /proc/stat columns: user nice system idle iowait irq softirq steal guest guest_nice;
 # guest time is already counted in user and nice, so it is left out
@@ -83,6 +94,30 @@ def affinity() -> set[int]:
         return set(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return set(range(os.cpu_count() or 1))
+
+
+def cpu_facts() -> dict:
+    """The CPU a measurement ran on: ``model`` (/proc/cpuinfo's model name), ``flags`` (its
+    flags, or Arm's Features, among KERNEL_FLAG_PREFIXES, sorted), ``cores`` (the machine's
+    logical CPUs, ``os.cpu_count()``) and ``affinity_cores`` (those this process may run on,
+    which the default thread count starts from). Without /proc/cpuinfo: the platform's
+    processor name and no flags."""
+    model, flags = "", set()
+    try:
+        text = _read("/proc/cpuinfo")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "" and (model or flags):
+            break  # the first processor's block describes them all
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:
+            flags = {f for f in value.split() if f.startswith(KERNEL_FLAG_PREFIXES)}
+    return {"model": model or platform.processor() or platform.machine(), "flags": sorted(flags),
+            "cores": os.cpu_count(), "affinity_cores": len(affinity())}
 
 
 class CpuMeter:

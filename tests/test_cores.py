@@ -1,6 +1,6 @@
 """The default thread count counts the cores other processes leave free (runtime/cores.py): the
 /proc/stat arithmetic on fake snapshots, the affinity mask, an explicit -t winning, and bench
-saying when the machine was busy."""
+saying when the machine was busy and on which CPU it ran."""
 
 from __future__ import annotations
 
@@ -185,7 +185,9 @@ def test_bench_records_and_warns_about_other_processes(tmp_path, monkeypatch, ca
     monkeypatch.setattr(bench, "CpuMeter", lambda: BusyMeter(others))
     out = tmp_path / "bench.json"
     assert main(["bench", "-n", "4", "--n-max", "2", "-t", "1", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["machine_busy_cores"] == pytest.approx(others)
+    result = json.loads(out.read_text())
+    assert result["machine_busy_cores"] == pytest.approx(others)
+    assert result["cpu"] == cores.cpu_facts()
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
     if warned:
         assert lines == [f"warning: other processes kept {others:.1f} cores busy on average during the run; "
@@ -198,3 +200,29 @@ def test_the_warning_threshold():
     assert cores.busy_warning(None) is None and cores.busy_warning(cores.BUSY_WARN_CORES) is None
     assert "1.3 cores busy" in cores.busy_warning(1.26)
 
+
+
+def proc_cpuinfo() -> tuple[str, set[str]]:
+    """This machine's first model name and flags (x86 Linux), read here independently of cores.py."""
+    fields: dict[str, str] = {}
+    if os.path.exists("/proc/cpuinfo"):
+        for line in open("/proc/cpuinfo").read().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    if "model name" not in fields or "flags" not in fields:
+        pytest.skip("no x86 /proc/cpuinfo here")
+    return fields["model name"], set(fields["flags"].split())
+
+
+def test_cpu_facts_are_this_machines():
+    model, flags = proc_cpuinfo()
+    facts = cores.cpu_facts()
+    assert facts["model"] == model != ""
+    assert facts["flags"] == sorted(facts["flags"]) and set(facts["flags"]) <= flags
+    # every kernel-relevant flag the CPU has is kept, and only those
+    assert set(facts["flags"]) == {f for f in flags if f.startswith(cores.KERNEL_FLAG_PREFIXES)}
+    if "avx2" in flags:
+        assert "avx2" in facts["flags"] and "fma" in facts["flags"]
+    assert not {"fpu", "sse", "sse2", "lm"} & set(facts["flags"])
+    assert facts["cores"] == os.cpu_count()
+    assert facts["affinity_cores"] == len(os.sched_getaffinity(0))

@@ -54,7 +54,7 @@ def bench(
 ) -> None:
     """Tokens/s of plain decoding and of each draft depth, measured in one process (greedy)."""
     from ..bench import SWEEP_CONTENT, SWEEP_DEPTHS, acceptance_table, bench_table, plot, run_bench
-    from ..cores import busy_warning
+    from ..cores import busy_warning, cpu_facts
     from ..suites import load_suite, parse_suite_names, suite_file
 
     # every flag and input is checked before the first model loads: a bench must not lose its
@@ -105,6 +105,7 @@ def bench(
         except RpcLost as e:
             raise RpcFailed(str(e)) from None
     result["placement"] = placement.describe()
+    result["cpu"] = cpu_facts()
     if suites:
         result["suites"] = {name: {"file": str(f), "prompts": len(prompt_sets[name])}
                             for name, f in zip(suites, files)}

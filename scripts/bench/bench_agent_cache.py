@@ -25,10 +25,9 @@ one run is the measurement. Three client behaviours:
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 from tests.helpers.scripted_model import scripted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,7 +121,7 @@ def main() -> int:
             print(f"| {i} | {r['prompt_tokens']} | {r['cached_tokens']} | {r['prefilled_tokens']} | "
                   f"{r['most_cacheable'] or '-'} | {r['reply_tokens']} |")
     if args.json:
-        args.json.write_text(json.dumps({"command": command_line(__file__), "turns": results}, indent=1) + "\n")
+        write_json(args.json, {"command": command_line(__file__), "turns": results}, indent=1)
     return 0
 
 

@@ -52,8 +52,8 @@ from pathlib import Path
 
 from scripts.arguments import int_list
 from scripts.bench.bench_server import ServeProcess, stop
-from scripts.recorded import command_line
-from tests.helpers.ik_interop import ik_named_copy, peer_root
+from scripts.recorded import command_line, write_json
+from tests.helpers.ik_interop import ik_named_copy, peer_root, peer_snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -100,10 +100,10 @@ def record(args) -> int:
     finally:
         server.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_json(args.out, {
         "command": command_line(__file__), "server_flags": flags, "tools": TOOLS,
         "chat_template_kwargs": THINKING, "max_tokens": MAX_TOKENS, "tasks": len(tasks), "turns": turns,
-        "messages": messages}, indent=1) + "\n")
+        "messages": messages}, indent=1)
     print(f"{len(turns)} turns, {len(messages)} messages: {args.out}")
     return 0
 
@@ -277,10 +277,11 @@ def replay(args) -> int:
             load["per_repetition"].append(os.getloadavg()[0])
     result = summarise(recording, configs, runs)
     result.update({"command": command_line(__file__), "threads": args.threads, "repetitions": args.repetitions,
-                   "context": CONTEXT, "load_average": load, "machine_cores": os.cpu_count()})
+                   "context": CONTEXT, "load_average": load, "machine_cores": os.cpu_count(),
+                   "peer_snapshot": {IK: peer_snapshot(ik_binary.parent) if ik_binary else None}})
     show(console, result, Table)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result, indent=1)
     if args.png:
         plot(result, args.png)
     return 0

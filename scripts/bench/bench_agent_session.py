@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from examples.agent_tools import TOOLS, Workspace, parse_arguments
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 SEGMENTS = ("reasoning", "tool call", "answer")
 
@@ -191,8 +191,8 @@ def main() -> int:
               f"{v['speedup']} |")
     print(json.dumps(summary))
     if args.json:
-        args.json.write_text(json.dumps({"command": command_line(__file__), "n_max": args.n_max, "threads": args.threads,
-                                         "summary": summary, "segments": by_segment, "turns": turns}, indent=1) + "\n")
+        write_json(args.json, {"command": command_line(__file__), "n_max": args.n_max, "threads": args.threads,
+                               "summary": summary, "segments": by_segment, "turns": turns}, indent=1)
     if args.png:
         plot(turns, args.png)
     return 0

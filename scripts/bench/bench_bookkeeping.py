@@ -14,11 +14,10 @@ benchmark, repeat by repeat in turn so that the machine's drift falls on both al
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 FIXED = (0, 1, 2, 3, 4, 5, 6, 8, 15)  # the fixed depths bench_autotune.py interleaves
 
@@ -79,7 +78,7 @@ def main(argv=None) -> int:
     Console().print(t)
     if args.json:
         cmd = command_line(__file__, argv)
-        args.json.write_text(json.dumps({"command": cmd, "runs": runs}, indent=1))
+        write_json(args.json, {"command": cmd, "runs": runs}, indent=1)
     return 0
 
 

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,8 +117,8 @@ def main() -> int:
                             for name, r in mine.items() if name not in FIXED}
     print("default / best fixed -t (medians):", json.dumps(bound))
     if args.json:
-        args.json.write_text(json.dumps({"command": command_line(__file__), "rows": rows,
-                                         "default_over_best": bound}, indent=1) + "\n")
+        write_json(args.json, {"command": command_line(__file__), "rows": rows,
+                               "default_over_best": bound}, indent=1)
     return 0
 
 

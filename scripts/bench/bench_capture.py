@@ -16,7 +16,6 @@ decode call alone, which on a GPU only queues the work; a step now ends when its
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scripts.recorded import write_json
 
 
 def engine_plain(placement, prompt: list[int], n: int) -> dict[str, float]:
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     for name, t in result["engine_plain_s_per_token"].items():
         print(f"engine, plain decoding, {name}: {1e3 * t:.3f} ms per token (x{t / bare:.2f} the bare step's mean)")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        write_json(args.json, result, indent=1)
     return 0
 
 

@@ -21,7 +21,6 @@ bundled laguna-tiny pair, greedy:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections import defaultdict
@@ -29,7 +28,7 @@ from pathlib import Path
 
 
 from laguna_dflash.runtime.tuner import DepthPolicy  # noqa: E402
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 
 class StretchThenVisit(DepthPolicy):
@@ -136,7 +135,7 @@ def main(argv=None) -> int:
         console.print(f"degraded drafter, against plain decoding ({r['plain_tokens_per_s']:.0f} tok/s): "
                       + ", ".join(f"{k} {v:.3f}" for k, v in r.items() if k.startswith("auto")))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        write_json(args.json, result, indent=1)
     return 0
 
 

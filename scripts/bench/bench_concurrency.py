@@ -26,8 +26,6 @@ engine alone.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import threading
 import time
@@ -37,25 +35,6 @@ from scripts.arguments import int_list
 from scripts.recorded import command_line, write_results
 
 ACCEPTANCE = (4, 4, 1.8)  # streams, depth, aggregate ratio over one at a time
-
-
-def cpu_record() -> dict:
-    """The machine: CPU model, the SIMD flags llama.cpp's CPU backend uses, cores."""
-    model, flags = platform.processor() or "?", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    except OSError:
-        pass
-    simd = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4", "avx512")))
-    from laguna_dflash.runtime.cores import affinity
-
-    return {"model": model, "simd_flags": simd, "cpu_count": os.cpu_count(), "affinity": len(affinity()),
-            "machine": platform.machine()}
 
 
 class Run:
@@ -147,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.batch import BatchEngine
-    from laguna_dflash.runtime.cores import CpuMeter, busy_warning
+    from laguna_dflash.runtime.cores import CpuMeter, busy_warning, cpu_facts
     from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
     from laguna_dflash.runtime.llama import Model
     from laguna_dflash.runtime.open_pair import resolve_pair
@@ -204,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         exact = equal[f"batched c{c_acc} d{d_acc}"]["equal_to_batched_alone"] == f"{len(prompts)}/{len(prompts)}"
         verdict = {"ratio_of_medians": ratio, "per_repetition_ratios": ratios, "bar": bar,
                    "outputs_equal_alone": exact, "held": ratio >= bar and exact}
-    result = {"command": command_line(__file__, argv), "cpu": cpu_record(), "threads": args.threads,
+    result = {"command": command_line(__file__, argv), "cpu": cpu_facts(), "threads": args.threads,
               "requests": args.requests, "n_predict": args.n_predict, "prompt_tokens": args.prompt_tokens,
               "repeats": args.repeats,
               "pair": "code", "cache": "f16", "others_busy_cores": others, "cells": table,

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from laguna_dflash.runtime import assets
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 TINY_TOKENIZER = assets.TINY_DIR / "tokenizer" / "tokenizer.json"
 TINY_GGUF = assets.TINY_TARGET
@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['answer_ms']:.1f} | "
                       f"{row['mask_us_median']:.1f} | {row['mask_us_p99']:.1f} | {row['check8_us_median']:.1f} |")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        write_json(args.json, results, indent=1)
     return 0
 
 

@@ -19,14 +19,13 @@ on average; printed: the break-even E(k) (draft time left out, so a lower bound)
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
 from scripts.arguments import int_list
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 
 def main(argv=None) -> int:
@@ -95,9 +94,9 @@ def main(argv=None) -> int:
         f"{row['context']}: " + ", ".join(f"d{r - 1} {row['rows'][r]['over_one_row']:.2f}" for r in rows[1:])
         for row in table))
     if args.json:
-        args.json.write_text(json.dumps({"command": command_line(__file__, argv), "model": args.model.name,
-                                         "threads": args.threads, "kv_type": args.kv_type, "repeats": args.repeats,
-                                         "table": table}, indent=1) + "\n")
+        write_json(args.json, {"command": command_line(__file__, argv), "model": args.model.name,
+                               "threads": args.threads, "kv_type": args.kv_type, "repeats": args.repeats,
+                               "table": table}, indent=1)
     return 0
 
 

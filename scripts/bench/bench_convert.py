@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from laguna_dflash.runtime.cores import cpu_facts
 from tests.helpers.synthetic import XS_2_1, write_drafter, write_target_gguf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,6 +75,7 @@ def main() -> int:
             "peak_rss_bytes": peak,
             "peak_rss_gb": round(peak / 1e9, 3),
             "within_limits": wall <= LIMIT_SECONDS and peak <= LIMIT_RSS_BYTES,
+            "cpu": cpu_facts(),
         }
         print(f"wall time {wall:.1f} s (limit {LIMIT_SECONDS:.0f} s), peak RSS {peak / 1e9:.3f} GB "
               f"(limit {LIMIT_RSS_BYTES / 1e9:.1f} GB): {'OK' if result['within_limits'] else 'OVER'}")

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from scripts.arguments import int_list
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,8 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    import json
-
     import llama_cpp.llama_cpp as ll
 
     from laguna_dflash.runtime import assets
@@ -82,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in separate + [shared]:
             c.close()
     if args.json:
-        args.json.write_text(json.dumps({"command": command_line(__file__, argv), "depth": args.depth,
-                                         "context": args.context, "reps": args.reps, "rows": rows}, indent=1) + "\n")
+        write_json(args.json, {"command": command_line(__file__, argv), "depth": args.depth,
+                               "context": args.context, "reps": args.reps, "rows": rows}, indent=1)
         print(f"wrote {args.json}")
     return 0
 

@@ -22,8 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.recorded import command_line
-from tests.helpers.ik_interop import vendored_bin_dir
+from scripts.recorded import command_line, write_json
+from tests.helpers.ik_interop import peer_snapshot, vendored_bin_dir
 
 
 def llama_bench(bin_dir: Path, target: Path, n: int, depth: int, threads: int, extra: list[str]) -> float:
@@ -87,8 +87,9 @@ def main(argv=None) -> int:
     for k in names[1:]:
         print(f"  laguna-run / {k}: {med[names[0]] / med[k]:.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"command": command_line(__file__), "threads": args.threads, "depth": depth,
-                                         "n_ubatch": ub, "samples": samples, "median": med}, indent=1))
+        write_json(args.json, {"command": command_line(__file__), "threads": args.threads, "depth": depth,
+                               "n_ubatch": ub, "samples": samples, "median": med,
+                               "peer_snapshot": {"llama.cpp C++ (vendored)": peer_snapshot(bin_dir)}}, indent=1)
     return 0
 
 

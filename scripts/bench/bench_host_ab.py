@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from scripts.recorded import write_json
 
 
 def load_runtime(root: Path, name: str):
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
                          "same_tokens_as_other_side": same})
         print(f"{d:5d}  B/A {med['B'][0] / med['A'][0]:12.3f} {'':7s} {'':7s} {med['B'][1] / med['A'][1]:10.3f}")
     if args.json:
-        args.json.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+        write_json(args.json, {"command": " ".join(sys.argv), "rows": rows}, indent=1)
     return 0
 
 

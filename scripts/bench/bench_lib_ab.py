@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 
 def installed_lib_dir() -> Path:
@@ -132,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
               f"(verify B/A {row['B/A ms_verify_per_round']:.3f}; CPU s A {row['A_cpu_s']['median']:.2f} "
               f"B {row['B_cpu_s']['median']:.2f}, B/A {row['B/A cpu_s']:.3f})")
     if args.json:
-        args.json.write_text(json.dumps({"command": command_line(__file__, argv), "lib_a": str(lib_a),
-                                         "lib_b": str(args.b), "load_avg": os.getloadavg(),
-                                         "summary": res, "trials": trials}, indent=1))
+        write_json(args.json, {"command": command_line(__file__, argv), "lib_a": str(lib_a),
+                               "lib_b": str(args.b), "load_avg": os.getloadavg(),
+                               "summary": res, "trials": trials}, indent=1)
     return 0
 
 

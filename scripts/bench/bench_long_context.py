@@ -22,14 +22,13 @@ means at each depth.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
 from pathlib import Path
 
 from scripts.arguments import int_list
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 
 #: tokens of held-out code every prompt ends with, whatever its length: each context length
@@ -183,7 +182,7 @@ def main(argv=None) -> int:
               "n_predict": args.n_predict, "threads": args.threads, "machine": f"{platform.machine()}",
               "table": table, "speedup_ratio_longest_to_shortest": verdict}
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result, indent=1)
     if args.png:
         plot(table, depths, args.png, args.pair)
     return 0

@@ -56,7 +56,7 @@ from rich.table import Table  # noqa: E402
 
 from laguna_dflash.convert.quantize import OutType  # noqa: E402
 from scripts.arguments import int_list
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -513,7 +513,7 @@ def main() -> int:
                           "wall_s": time.perf_counter() - t0}
     print_tables(res)
     out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(res, indent=1, default=float))
+    write_json(out_json, res, indent=1, default=float)
     out_png = args.png or work / "lowbit.png"
     plot(res, out_png)
     console.print(f"wrote {out_json} and {out_png}; {(time.perf_counter() - t0) / 60:.1f} min")

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from scripts.recorded import command_line, write_results
 from tests.helpers.ik_interop import (
-    IkFailed, ik_bin_dir, ik_command, ik_named_copy, legacy_norm_tensors, peer_root, run_ik, vendored_bin_dir)
+    IkFailed, ik_bin_dir, ik_command, ik_named_copy, legacy_norm_tensors, peer_snapshot, run_ik, vendored_bin_dir)
 
 OURS, IK, FLOOR = "laguna-run", "ik_llama.cpp", "llama.cpp C++ (vendored)"
 WARMUP_TOKENS = 8
@@ -61,6 +61,17 @@ def run_floor(cmd: list[str]) -> float:
         raise RuntimeError(f"llama-bench exited with {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
     rows = json.loads(r.stdout)
     return float(rows[0]["avg_ts"])
+
+
+def machine_lines(cpu: dict, peers: dict[str, Path | None], snapshots: dict[str, str | None]) -> list[str]:
+    """What the figures were measured on, printed before them: the CPU (``cpu_facts``) and each
+    peer build's snapshot (``peer_snapshot``)."""
+    lines = [f"CPU: {cpu['model']}, {cpu['cores']} cores ({cpu['affinity_cores']} this process may use), "
+             f"flags: {' '.join(cpu['flags']) or 'none'}"]
+    for name, bin_dir in peers.items():
+        if bin_dir is not None:
+            lines.append(f"{name}: {snapshots[name] or 'snapshot unknown (not built by build_peer.sh)'} ({bin_dir})")
+    return lines
 
 
 def summarise(samples: list[float]) -> dict:
@@ -136,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
 
     from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.cores import cpu_facts
     from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     target = assets.TINY_TARGET
@@ -148,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     if floor_bin is None:
         console.print("the vendored llama.cpp's llama-bench is not built (scripts/bench/build_peer.sh vendored): "
                       "no C++ floor")
+    peers = {IK: ik_bin, FLOOR: floor_bin}
+    snapshots = {name: peer_snapshot(bin_dir) for name, bin_dir in peers.items()}
+    for line in machine_lines(cpu_facts(), peers, snapshots):
+        console.print(line, highlight=False, markup=False)
 
     ours_configs: list = [0, *depths, "auto"]
     ik_configs = [0, *depths]
@@ -242,7 +258,6 @@ def main(argv: list[str] | None = None) -> int:
         "best_depth": best,
         "ik_plain_text_equals_ours": same_plain_text,
     }
-    ik_commit = (peer_root() / "ik_llama.cpp" / ".complete")
     result = {
         "command": command_line(__file__, argv),
         "statistic": "median over repetitions of tokens generated / generation seconds (prefill excluded) "
@@ -250,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"prompts": len(prompts), "prompt_tokens": prompt_tokens, "n_predict": args.n_predict,
                      "threads": args.threads, "repetitions": args.repetitions, "depths": depths,
                      "target": target.name, "drafter": drafter.name, "ik_drafter": ik_drafter.name},
-        "ik_commit": ik_commit.read_text().strip() if ik_commit.exists() else None,
+        "peer_snapshot": snapshots,
         "commands": {IK: ik_command(ik_bin, target, ik_drafter, 4, Path("PROMPTS.jsonl"), args.n_predict,
                                     args.threads),
                      FLOOR: floor_cmd},

@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
+from tests.helpers.ik_interop import peer_snapshot
 
 
 @dataclass
@@ -54,7 +55,9 @@ class Config:
         return cls(name, binary, libdir, extra)
 
 
-def run_once(cfg: Config, model: Path, rows: list[int], threads: int, reps: int, fa: int) -> dict[int, list[float]]:
+def run_once(cfg: Config, model: Path, rows: list[int], threads: int, reps: int, fa: int
+             ) -> tuple[dict[int, list[float]], str | None]:
+    """Milliseconds per pass by row count, and the build's commit as llama-bench reports it."""
     env = dict(os.environ)
     if cfg.libdir:
         bindir = str(Path(cfg.binary).parent)
@@ -65,10 +68,12 @@ def run_once(cfg: Config, model: Path, rows: list[int], threads: int, reps: int,
     if r.returncode != 0:
         raise RuntimeError(f"{cfg.name}: {shlex.join(cmd)} failed:\n{r.stderr[-2000:]}")
     out: dict[int, list[float]] = {}
+    build = None
     for test in json.loads(r.stdout):
         n = int(test["n_prompt"])
         out.setdefault(n, []).extend(ns / 1e6 for ns in test["samples_ns"])
-    return out
+        build = test.get("build_commit", build)
+    return out, build
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,14 +107,16 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, dict[int, list[float]]] = {c.name: {n: [] for n in rows} for c in configs}
     t0 = time.time()
     load_avg = [os.getloadavg()]
+    builds: dict[str, str | None] = {}
     for i in range(args.rounds):
         for c in configs:
-            for n, v in run_once(c, args.model, rows, args.threads, args.reps, args.fa).items():
+            per_rows, builds[c.name] = run_once(c, args.model, rows, args.threads, args.reps, args.fa)
+            for n, v in per_rows.items():
                 samples[c.name][n].extend(v)
         load_avg.append(os.getloadavg())
         if args.json:  # the samples so far, in case a later round is cut off
-            args.json.with_suffix(".partial.json").write_text(json.dumps(
-                {"rounds_done": i + 1, "load_avg_per_round": load_avg, "samples_ms": samples}))
+            write_json(args.json.with_suffix(".partial.json"),
+                       {"rounds_done": i + 1, "load_avg_per_round": load_avg, "samples_ms": samples}, indent=None)
         print(f"round {i + 1}/{args.rounds} ({time.time() - t0:.0f} s, load {load_avg[-1][0]:.2f})", flush=True)
     table = {}
     for c in configs:
@@ -127,10 +134,12 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{e['median_ms']:.1f}{ratio} [{e['min_ms']:.1f}-{e['max_ms']:.1f}]")
         print(f"| {n} | " + " | ".join(cells) + " |")
     if args.json:
-        args.json.write_text(json.dumps({"command": command_line(__file__, argv), "model": str(args.model),
-                                         "threads": args.threads, "load_avg_per_round": load_avg, "wall_s": time.time() - t0,
-                                         "configs": [c.__dict__ for c in configs], "table": table,
-                                         "samples_ms": samples}, indent=1))
+        write_json(args.json, {"command": command_line(__file__, argv), "model": str(args.model),
+                               "threads": args.threads, "load_avg_per_round": load_avg, "wall_s": time.time() - t0,
+                               "configs": [c.__dict__ for c in configs], "build_commit": builds,
+                               "peer_snapshot": {c.name: peer_snapshot(Path(c.binary).parent) for c in configs},
+                               "table": table,
+                               "samples_ms": samples}, indent=1)
     if args.png:
         plot(args.png, configs, rows, table, args.threads)
     return 0

@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -246,7 +246,7 @@ def main() -> None:
             print(f"| {a['turn']} | {a['prompt_tokens']:.0f} | {a['median_ms']:.0f} ({a['min_ms']:.0f}-{a['max_ms']:.0f}) "
                   f"| {a['cached_tokens']:.0f} | {b['median_ms']:.0f} ({b['min_ms']:.0f}-{b['max_ms']:.0f}) |")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        write_json(args.json, result, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
 
 

@@ -42,7 +42,7 @@ from laguna_dflash.runtime import assets, constraint as constraint_mod
 from laguna_dflash.runtime.constraint import Constraint
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 RECORD = {
     "type": "object", "additionalProperties": False,
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(out, indent=1))
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out, indent=1)
     return 0
 
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
+from scripts.recorded import write_json
 
 
 class Timers:
@@ -236,8 +236,8 @@ def main(argv=None) -> int:
         results.append(res)
         print(table(res), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"model": str(target), "model_draft": str(drafter)},
-                                         "results": results}, indent=1, default=str))
+        write_json(args.json, {"args": vars(args) | {"model": str(target), "model_draft": str(drafter)},
+                               "results": results}, indent=1, default=str)
     return 0
 
 

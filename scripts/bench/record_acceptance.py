@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 from tests.helpers.depth_replay import Scripted, drift
 
 
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
                 task = progress.add_task(f"round costs: {name}", total=16 + 4 + 3)
                 result["costs"][name] = measure_costs(eng, plan[name][1], args.n_predict, progress, task)
         result["costs"]["degraded"] = result["costs"]["code"]
-    args.out.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+    write_json(args.out, result, indent=None, separators=(",", ":"))
     for name, c in result["costs"].items():
         console.print(f"{name}: round ms by depth " + " ".join(f"{1e3 * t:.2f}" for t in c["round_s"])
                       + f"; plain step without rows {1e3 * c['plain_skip_s']:.2f}; depth change +{1e3 * c['depth_change_s']:.2f} ms"

@@ -17,12 +17,11 @@ counterpart.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 from tests.helpers.depth_replay import RECORDED
 
 
@@ -85,7 +84,7 @@ def main(argv=None) -> int:
         Console().print(s)
         result["stream"] = {"order": segments, "auto_vs_best_fixed": stream}
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        write_json(args.json, result, indent=1)
     return 0
 
 

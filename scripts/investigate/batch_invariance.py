@@ -14,11 +14,12 @@ smallest top-2 gap seen (a flip needs a gap below the difference).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from scripts.recorded import write_json
 
 
 BATCH_SIZES = (2, 3, 5, 8, 9, 16)
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
                     print(f"{path.name} kv {kv_type} flash {flash}: min top-2 gap {r['min_top2_gap']:.2e}; "
                           + ", ".join(f"k={k}: {d:.1e}/{f} flips" for k, (d, f) in worst.items()), flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"placement": placement.describe(), "results": results}, indent=1))
+        write_json(args.json, {"placement": placement.describe(), "results": results}, indent=1)
     return 0
 
 

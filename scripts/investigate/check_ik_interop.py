@@ -24,12 +24,12 @@ ik's names; on a file that already has them it changes nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from scripts.recorded import write_json
 from tests.helpers.ik_interop import (IkFailed, compare, ik_bin_dir, ik_named_copy, legacy_norm_tensors, mean_accepted,
-                                      run_ik, run_ours)
+                                      peer_snapshot, run_ik, run_ours)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mean accepted per round: laguna-run {mean_accepted(ours):.2f}, ik {mean_accepted(theirs):.2f}; "
           + ("every figure equal" if ok else "they differ"))
     if args.json:
-        args.json.write_text(json.dumps({"drafter": str(drafter), "n_max": args.n_max, "n_predict": args.n_predict,
-                                         "rows": rows, "mean_accepted": {"ours": mean_accepted(ours),
-                                                                         "ik": mean_accepted(theirs)}}, indent=2))
+        write_json(args.json, {"drafter": str(drafter), "n_max": args.n_max, "n_predict": args.n_predict,
+                               "peer_snapshot": {"ik_llama.cpp": peer_snapshot(bin_dir)},
+                               "rows": rows, "mean_accepted": {"ours": mean_accepted(ours),
+                                                               "ik": mean_accepted(theirs)}}, indent=2)
     return 0 if ok else 1
 
 

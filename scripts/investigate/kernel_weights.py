@@ -20,12 +20,11 @@ Two questions per weight type and row count n:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 from tests.helpers.kernel_weights import Backend, Product, WeightShape
 
 #: XS 2.1 weight matmuls of one MoE layer as the Q4_K_M file stores them (hidden 2048, 64 heads
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"time  {s.name:28s} {s.type:5s} " + "  ".join(
                 f"{n}:{v:.2f}" + (f"({v / base:.2f})" if base and n > 1 else "") for n, v in line.items()), flush=True)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        write_json(args.json, result, indent=1)
     return 0
 
 

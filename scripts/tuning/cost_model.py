@@ -67,7 +67,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from scripts.recorded import command_line
+from scripts.recorded import command_line, write_json
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 
@@ -446,14 +446,9 @@ def build(root: Path, seed: int, n_threads: int, force: bool) -> Artifacts:
 # ----------------------------------------------------------------------------- measurement
 
 def machine_info() -> dict:
-    cpu = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from laguna_dflash.runtime.cores import cpu_facts
+
+    cpu = cpu_facts()["model"]
     mem = 0
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -1013,7 +1008,7 @@ def main() -> int:
         res["analysis"] = analyse(res["samples_s"])
         print_tables(res)
         if args.json:
-            args.json.write_text(json.dumps(res, indent=1, default=float))
+            write_json(args.json, res, indent=1, default=float)
             console.print(f"wrote {args.json}")
         out_png = args.png or args.from_json.with_suffix(".png")
         plot(res, out_png)
@@ -1072,7 +1067,7 @@ def main() -> int:
     print_tables(res)
     out_json = args.json or root / "cost-model.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(res, indent=1, default=float))
+    write_json(out_json, res, indent=1, default=float)
     out_png = args.png or root / "cost-model.png"
     plot(res, out_png)
     console.print(f"wrote {out_json} and {out_png} ({out_png.stat().st_size / 1e3:.0f} kB); "

@@ -1,5 +1,6 @@
 """Our converted drafter in ik_llama.cpp beside laguna-run: where the peers live (``peer_root``,
-``ik_bin_dir``, ``vendored_bin_dir``; ``scripts/bench/build_peer.sh`` builds them), a copy with ik's
+``ik_bin_dir``, ``vendored_bin_dir``; ``scripts/bench/build_peer.sh`` builds them) and what they
+were built from (``peer_snapshot``), a copy with ik's
 tensor names, ik's ``llama-spec-bench`` run and its rows parsed, laguna-run's engine run the same
 way (ending each generation with ik's budget rule, ``ik_tail_depth``, so that the last rounds
 compare), and the two compared figure by figure.
@@ -42,6 +43,18 @@ def vendored_bin_dir() -> Path | None:
     """The bin directory of the vendored llama.cpp's own tools (llama-bench), or None."""
     bin_dir = Path(os.environ.get("VENDORED_LLAMA_BIN", peer_root() / "llama.cpp-vendored" / "build" / "bin"))
     return bin_dir if (bin_dir / "llama-bench").is_file() else None
+
+
+def peer_snapshot(bin_dir: Path | None) -> str | None:
+    """What build_peer.sh built ``bin_dir`` (its ``ROOT/build/bin``) from, as it noted in
+    ``ROOT/.complete``: ik_llama.cpp's git commit, or the vendored llama.cpp's source key; None
+    for no directory or a build it did not make."""
+    if bin_dir is None:
+        return None
+    note = Path(bin_dir).parent.parent / ".complete"
+    if not note.is_file():
+        return None
+    return note.read_text().strip() or None
 
 
 # --------------------------------------------------------------------------- the file ik loads
