@@ -1,0 +1,150 @@
+"""The coding agents people point at a local server, against laguna-run serve on the bundled
+agent pair: Claude Code (``claude -p``, Anthropic's Messages API), Codex CLI (``codex exec``, a
+custom provider on OpenAI's Responses API) and opencode (``opencode run``, an OpenAI-compatible
+provider on chat completions, its default ``max_tokens`` of 32000 left as it is). Each runs one
+bundled-agent task in a scratch workspace with its default settings but the server's address
+and the model, and must finish with an answer, every request answered 200.
+
+The CLIs are pinned and installed by ``make agent-clis`` (npm) into ``.agent-clis/``; without
+them these tests are skipped (CI does not install them: each run prefills the agent's 12-37k
+token first prompt on the CPU, minutes per turn, docs/agents.md). Their telemetry, update
+checks and other calls out are switched off, HOME is a scratch folder, and only 127.0.0.1 is
+given to them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from server_harness import LiveServer, bundled_models, make_pool  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = ROOT / ".agent-clis" / "node_modules" / ".bin"
+MODEL = "laguna"
+KEY = "sk-local"
+#: the agents' first prompts are 12-37k tokens of the tiny pair's vocabulary (docs/agents.md)
+N_CTX = 65536
+TASK = "What does the function add in calc.py return? Answer in one sentence."
+TIMEOUT_S = 3600
+#: every agent's calls home switched off (each documents these variables)
+QUIET = {
+    "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1",
+    "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+    "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1", "CODEX_DISABLE_UPDATE_CHECK": "1", "NO_UPDATE_NOTIFIER": "1",
+    "DO_NOT_TRACK": "1", "NO_PROXY": "127.0.0.1,localhost",
+}
+
+
+def cli(name: str) -> Path:
+    path = BIN / name
+    if not path.exists():
+        pytest.skip(f"{name} is not installed (make agent-clis)")
+    return path
+
+
+@pytest.fixture
+def claude() -> Path:
+    return cli("claude")
+
+
+@pytest.fixture
+def codex() -> Path:
+    return cli("codex")
+
+
+@pytest.fixture
+def opencode() -> Path:
+    return cli("opencode")
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with bundled_models("agent") as (target, path, drafter):
+        with LiveServer(make_pool(target, path, drafter, n_ctx=N_CTX, kv_type="f16", n_threads=2),
+                        model_id=MODEL, chat_template=None, chat_template_source=None, api_key=KEY) as s:
+            yield s
+
+
+@pytest.fixture
+def workspace(tmp_path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / "home").mkdir()
+    return ws
+
+
+def run(argv: list[str], workspace: Path, **env) -> subprocess.CompletedProcess:
+    home = workspace.parent / "home"
+    full = {"PATH": os.environ["PATH"], "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_DATA_HOME": str(home / ".local/share"), "XDG_CACHE_HOME": str(home / ".cache"), **QUIET, **env}
+    return subprocess.run(argv, cwd=workspace, env=full, capture_output=True, text=True, timeout=TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
+
+
+def served(s) -> dict[str, int]:
+    """Requests per endpoint and outcome so far (the server's /metrics)."""
+    text = httpx.get(s.url + "/metrics", headers={"authorization": f"Bearer {KEY}"}).text
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("laguna_requests_total{"):
+            labels, value = line[len("laguna_requests_total{"):].split("} ")
+            out[labels] = int(float(value))
+    return out
+
+
+def answered_only_ok(before: dict, after: dict, endpoint: str) -> None:
+    new = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert new.get(f'endpoint="{endpoint}",outcome="ok"', 0) > 0, new
+    assert all('outcome="ok"' in k for k in new), new
+
+
+@pytest.mark.slow
+def test_claude_code(claude, srv, workspace):  # the CLI first: skipped before the server starts
+    before = served(srv)
+    r = run([str(claude), "-p", TASK, "--model", MODEL, "--output-format", "json"], workspace,
+            ANTHROPIC_BASE_URL=srv.url, ANTHROPIC_API_KEY=KEY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    assert result.get("is_error") is False and result.get("result", "").strip(), result
+    answered_only_ok(before, served(srv), "messages")
+
+
+@pytest.mark.slow
+def test_codex_exec(codex, srv, workspace):
+    before = served(srv)
+    provider = f'model_providers.laguna={{name="laguna", base_url="{srv.url}/v1", wire_api="responses", ' \
+               'env_key="LAGUNA_API_KEY"}'
+    r = run([str(codex), "exec", "--skip-git-repo-check", "-m", MODEL, "-c", "model_provider=laguna", "-c", provider,
+             TASK], workspace, LAGUNA_API_KEY=KEY, CODEX_HOME=str(workspace.parent / "home" / ".codex"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip()
+    answered_only_ok(before, served(srv), "responses")
+
+
+@pytest.mark.slow
+def test_opencode_run_with_its_default_max_tokens(opencode, srv, workspace):
+    (workspace / "opencode.json").write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json", "autoupdate": False, "share": "disabled",
+        "provider": {"laguna": {"npm": "@ai-sdk/openai-compatible", "name": "laguna-run",
+                                "options": {"baseURL": srv.url + "/v1", "apiKey": KEY},
+                                "models": {MODEL: {"name": "Laguna (laguna-run)"}}}}}))
+    before = served(srv)
+    r = run([str(opencode), "run", "-m", f"laguna/{MODEL}", TASK], workspace)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip()
+    answered_only_ok(before, served(srv), "chat")
+
+
+def test_the_pinned_versions_are_the_make_targets():
+    text = (ROOT / "Makefile").read_text()
+    assert all(pin in text for pin in ("@anthropic-ai/claude-code@2.1.328", "@openai/codex@0.169.0",
+                                       "opencode-ai@1.18.33"))
