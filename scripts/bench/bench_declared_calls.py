@@ -14,11 +14,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-predict", type=int, default=256)
     args = parser.parse_args(argv)
 
-    from agent_tools import TOOLS
+    from examples.agent_tools import TOOLS
 
     from tests.helpers.agent_tasks import held_out_tasks
 
