@@ -164,6 +164,12 @@ def test_once_a_call_opens_only_a_declared_tool_and_valid_arguments_may_follow(a
     assert admitted(bad_args) != bad_args  # a parameter the schema does not have
     matcher.consume(target.tokenize(free + good, add_special=False, parse_special=True))
     assert matcher.accepting  # the turn may end after a call
+    # thinking on: the reasoning runs free and may end the turn, as unconstrained; after </think>
+    # the same rule
+    thinking = compile_constraint(declared_calls_constraint(declared, after_reasoning=True), target).matcher()
+    assert thinking.try_consume(target.tokenize("I should look.", add_special=False)) and thinking.accepting
+    cut = target.tokenize("</think>OK<tool_call>grep", add_special=False, parse_special=True)
+    assert thinking.admissible(cut) == len(cut) - 1
 
 
 def test_calls_name_only_declared_tools_with_valid_arguments_exactly_under_speculation(srv, tasks):

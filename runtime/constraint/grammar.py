@@ -79,16 +79,21 @@ def grammar_text(c: Constraint, tok) -> str:
         tools, choice, parallel = c.source
         lark = tool_call_grammar([json.loads(t) for t in tools], json.loads(choice), tok, c.field, parallel)
         if c.after_reasoning:
-            lark = _prefix_start(lark, _reasoning_prefix(tok, c.field))
+            # a reply with free text may also end inside its reasoning, as it could unconstrained
+            lark = _prefix_start(lark, _reasoning_prefix(tok, c.field), optional=c.declared_calls)
         return _lark_grammar(lark, c.field)
     raise ConstraintError(c.field, "json_schema, json_object, grammar or tool_calls", c.kind)
 
 
-def _prefix_start(lark: str, prefix: str) -> str:
-    """A Lark grammar whose start rule is ``prefix`` then the original start rule."""
+def _prefix_start(lark: str, prefix: str, optional: bool = False) -> str:
+    """A Lark grammar whose start rule is ``prefix`` then the original start rule (``optional``:
+    the prefix's text alone, or all of it)."""
     renamed, n = re.subn(r"(?m)^(\s*)start(\s*:)", r"\1laguna_inner_start\2", lark, count=1)
     if n == 0:
         raise ConstraintError("grammar", "a start rule", "none")
+    if optional:
+        text, _, close = prefix.rpartition(" ")
+        return renamed + f"\nstart: {text} ({close} laguna_inner_start)?\n"
     return renamed + f"\nstart: {prefix} laguna_inner_start\n"
 
 
