@@ -1,7 +1,7 @@
 """The project's wheel, as `pip install <clone>` builds it: no packaging warning, exactly the files
 intended (the package's code, the bundled pairs and prompts, the patch series that `laguna-run
 setup` applies, its metadata) and nothing else, and no dependency on llama-cpp-python (pip would
-compile the stock sdist, which setup then replaces). In a fresh virtual environment, with the
+compile the stock sdist, which setup then replaces). In a fresh virtual environment (no extras), with the
 patched wheel that `laguna-run setup` finds in the cache, ``laguna-run`` runs the bundled pair from
 a directory outside the repository: nothing may come from the source tree.
 """
@@ -122,6 +122,10 @@ def test_a_wheel_of_the_repository_runs_the_bundled_pair_in_a_fresh_venv(built, 
     assert before.returncode == 2 and before.stderr.strip().splitlines() == [
         "error: llama-cpp-python is not installed: run `laguna-run setup` to build (or reuse) and install the "
         "patched wheel"]
+    # a plain install has no server extra: serve's help still shows, and serve says what to install
+    assert "--parallel" in _run([bin_dir / "laguna-run", "serve", "--help"], cwd=work, env=clean).stdout
+    serve = subprocess.run([bin_dir / "laguna-run", "serve"], cwd=work, env=clean, capture_output=True, text=True)
+    assert serve.returncode == 2 and len(serve.stderr.strip().splitlines()) == 1 and "[server]" in serve.stderr
     setup = _run([bin_dir / "laguna-run", "setup"], cwd=work, env=clean)
     assert "reusing cached" in setup.stderr and "the CPU build of this install's patches" in setup.stdout
 

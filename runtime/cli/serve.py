@@ -16,7 +16,6 @@ from ...convert.errors import UserError
 
 from ..cores import threads_for_run
 from ..params import PAIR, SERVER
-from ..server.guards import exposure_problem
 from .chat import ChatTemplateFileOpt, ChatTemplateKwargsOpt, read_template_file, template_kwargs
 from .options import NMaxOpt, PairFlags, engine_config, pair_flags, request_options
 
@@ -83,6 +82,8 @@ def serve(
         raise UserError("--api-key: expected a non-empty key, found ''")
     if alias is not None and not alias.strip():
         raise UserError("--alias: expected a non-empty model id, found ''")
+    from ..server.guards import exposure_problem  # imports uvicorn: only once the server extra is known there
+
     refusal, warning = exposure_problem(host, api_key, expose)
     if refusal:
         raise UserError(refusal)
