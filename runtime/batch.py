@@ -20,6 +20,7 @@ target scores a row the same whatever else the batch holds (tests/test_batch.py)
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 
 from .drafter import Drafter
@@ -31,6 +32,7 @@ from .request import GenerateOptions, PairLimits, check_context
 from .rounds import DepthPolicies, Generation, Rows, generation
 from .stats import Stats
 from .tuner import DepthPolicy
+from .tuner.batch import BatchPlanner
 
 __all__ = ["BatchEngine", "Finished"]
 
@@ -56,6 +58,7 @@ class _Slot:
         self.drafter = drafter
         self.prompt_cache = PromptCache(engine.config.prompt_cache)
         self.target_window = engine.pair.target.sliding_window
+        self.planner = engine.planner
         self._policies = DepthPolicies()
         self.run: Generation | None = None
         self.rows: Rows | None = None  # what the running generation asks of the next decode
@@ -65,7 +68,13 @@ class _Slot:
         self.started = 0  # start order: the earliest prompt gets the free rows first
 
     def policy(self, n_max) -> DepthPolicy:
+        if n_max == "auto" and self.planner is not None:
+            return self.planner.slot(self.index)
         return self._policies.get(n_max, self.drafter)
+
+    @property
+    def auto(self) -> bool:
+        return self.planner is not None and self.opts is not None and self.opts.n_max == "auto"
 
     def forget(self) -> None:
         self.prompt_cache.forget()
@@ -110,6 +119,9 @@ class BatchEngine:
                                    kv_type=cfg.kv_type, n_threads=cfg.n_threads, swa_full=True, n_seq=n_seq)
         self.ctx = Context(target, params)
         self._captured: set[int] = set()
+        # ``auto`` chooses every round's depths for the whole pass (runtime/tuner/batch.py)
+        self.planner = BatchPlanner(pair.drafter.max_draft, pair.drafter.sliding_window) if pair.drafter is not None else None
+        self._t_pass = 0.0  # when the last pass's decode ended: a pass is timed from there to its own end
         self._order = itertools.count()
         self.slots: list[_Slot] = []
         try:
@@ -238,6 +250,8 @@ class BatchEngine:
                 s.forget()
                 done.append(self._end(s, Finished(s.index, s.out, error=e)))
             return done
+        if self.planner is not None:
+            self._plan_depths(rnd)
         for (s, tokens, _), row0 in zip(rnd.parts, firsts):
             s.ctx.row0, s.ctx.last_n_tokens = row0, len(tokens)
             try:
@@ -275,6 +289,31 @@ class BatchEngine:
             if n:
                 rnd.parts.append((s, s.rows.tokens[:n], s.rows.pos0))
         return rnd
+
+    def _plan_depths(self, rnd: _Round) -> None:
+        """Tell the planner how long the pass it planned took (from the end of the last decode:
+        the sequences' acceptance, their drafts, this decode) and plan the next one, for the
+        ``auto`` sequences that will decode rows in it, before they choose their depths."""
+        now = time.perf_counter()
+        decoded: dict[int, int] = {}
+        other_rows, prefill, participants, fixed_rows = 0, False, [], 0
+        for s, tokens, _ in rnd.parts:
+            if s.rows.prompt:
+                prefill = True
+            elif s.auto:
+                decoded[s.index] = len(tokens) - 1
+            else:
+                other_rows += len(tokens)
+            if s.rows.prompt and len(tokens) < len(s.rows.tokens):
+                continue  # still prefilling next round
+            if s.auto:
+                participants.append(s)
+            else:
+                fixed_rows += 1 + (s.opts.n_max if s.drafter is not None and isinstance(s.opts.n_max, int) else 0)
+        self.planner.observe(decoded, other_rows, now - self._t_pass, timed=not prefill)
+        self._t_pass = now
+        context = sum(pos0 + len(tokens) for s, tokens, pos0 in rnd.parts if s in participants)
+        self.planner.plan([s.index for s in participants], fixed_rows, context)
 
     def _switch_capture(self, rnd: _Round) -> None:
         """The target captures the layers any sequence of this round wants; switched only on a

@@ -161,3 +161,14 @@ def test_one_slot_runs_as_the_engine_does(pair):
         got = [engine.generate_all([p], o)[0] for p, o in reqs]
     assert [g.tokens for g in got] == [w.tokens for w in want]
     assert [g.text for g in got] == [w.text for w in want]
+
+
+def test_auto_sequences_take_their_depths_from_one_plan_of_the_pass(pair):
+    """Four ``auto`` requests: every round's depths come from the planner of a four-sequence pass
+    (runtime/tuner/batch.py), which times the whole pass, not from a tuner per sequence."""
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=4) as engine:
+        out = engine.generate_all(PROMPTS[:4], GenerateOptions(n_predict=48, n_max="auto"))
+        pd = engine.planner.passes[(4, 0)]
+        assert pd.rounds >= 20 and pd.costs.medians(), "the four-sequence pass was never timed"
+        assert all(r.stats.policy.get("batched") for r in out)
+        assert sum(r.stats.rounds for r in out) >= 4 * pd.rounds

@@ -95,6 +95,7 @@ class AutoDepth(DepthPolicy):
                  leave_z: float = 0.0, look_z: float = 2.0, window: int = 0,
                  min_evidence: float = 12.0) -> None:
         self.max_depth = max_depth
+        self.reach = EXPLOIT_REACH
         self.accept = AcceptanceModel(max_depth, memory=memory, unseen_decay=unseen_decay)
         self.costs = CostModel(max_depth, window=cost_window)
         self.min_evidence = min_evidence
@@ -167,7 +168,7 @@ class AutoDepth(DepthPolicy):
         self.accept.forget_unseen(self.rounds)
         cost = self._cost_cache = self.costs.estimates()
         rates = self.throughput(cost=cost)
-        farthest = max((k for k in self.costs.cost if k > 0), default=self.max_depth) + EXPLOIT_REACH
+        farthest = max((k for k in self.costs.cost if k > 0), default=self.max_depth) + self.reach
         best, best_rate = 0, rates[0]
         current_rate = rates[self.best]
         for i in range(1, self.max_depth + 1):

@@ -317,3 +317,83 @@ def drift(runs: list[list[float]]) -> dict:
         return {"drift_phi": 0.0, "drift_share": 0.0, "acf": [a1, a4]}
     phi = min(0.99, (a4 / a1) ** (1 / 3))
     return {"drift_phi": phi, "drift_share": min(1.0, a1 / phi), "acf": [a1, a4]}
+
+
+# -- several sequences in one pass (runtime/batch.py, runtime/tuner/batch.py)
+
+@dataclass
+class PassClock:
+    """The wall time of one batched round: a target pass over every sequence's rows, a drafter
+    pass per drafting sequence, host work per sequence; ``depth_change_s`` when the pass's row
+    count differs from the last one (llama.cpp rebuilds its graphs for a new batch shape)."""
+
+    pass_s: float  # a target pass's fixed part
+    row_s: float  # each row of it
+    draft_s: float  # a drafter pass's fixed part
+    draft_row_s: float  # each draft of it
+    host_s: float  # per sequence and round
+    depth_change_s: float = 0.0
+
+    def seconds(self, depths: list[int]) -> float:
+        rows = sum(d + 1 for d in depths)
+        drafting = [d for d in depths if d > 0]
+        return (self.pass_s + self.row_s * rows + len(drafting) * self.draft_s + self.draft_row_s * sum(drafting)
+                + self.host_s * len(depths))
+
+
+@dataclass
+class BatchResult:
+    tokens: int = 0
+    seconds: float = 0.0
+    rounds: int = 0
+    depths: list[list[int]] = field(default_factory=list)  # per round, per running sequence
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def replay_batch(policies: list[DepthPolicy], clock: PassClock, streams: list[list[list[int]]], n_predict: int,
+                 noise: list[float] | None = None, seed: int = 0, planner=None,
+                 prompt_tokens: int = 96) -> BatchResult:
+    """Sequences in one pass, each through its stream of prompts' match lengths (n_predict tokens
+    each after a prompt of ``prompt_tokens``), every round one pass over all of them, until one
+    stream runs out (so every pass is as wide: the steady state of a busy server);
+    ``policies[i]`` chooses sequence i's depth. ``planner`` (runtime.tuner.batch.BatchPlanner,
+    whose slot policies ``policies`` are) plans each pass before the sequences choose and is told
+    its time after, as runtime/batch.py does. Each policy is told its sequence's context, and
+    observes the pass's time as its round's (what a sequence's own tuner sees)."""
+    rng = random.Random(seed)
+    res = BatchResult()
+    where = [[0, 1] for _ in streams]  # per sequence: prompt index, tokens out of it
+    last_rows = None
+    running = list(range(len(streams)))
+    while True:
+        if any(where[i][0] >= len(s) for i, s in enumerate(streams)):
+            return res
+        for i in running:
+            policies[i].context(prompt_tokens + where[i][1])
+        if planner is not None:
+            planner.plan(running, 0, sum(prompt_tokens + where[i][1] for i in running))
+        depths = [min(policies[i].choose(), n_predict - where[i][1] - 1) for i in running]
+        t = clock.seconds(depths)
+        rows = sum(d + 1 for d in depths)
+        if last_rows is not None and rows != last_rows:
+            t += clock.depth_change_s
+        last_rows = rows
+        if noise:
+            u = rng.random() * (len(noise) - 1)
+            j = int(u)
+            t *= noise[j] + (noise[min(j + 1, len(noise) - 1)] - noise[j]) * (u - j)
+        for i, d in zip(running, depths):
+            p, n_out = where[i]
+            accepted = min(d, streams[i][p][n_out - 1]) if d else 0
+            policies[i].observe(d, accepted, t)
+            n_out += accepted + 1
+            res.tokens += accepted + 1
+            where[i] = [p + 1, 1] if n_out >= n_predict else [p, n_out]
+        if planner is not None:
+            planner.observe(dict(zip(running, depths)), 0, t)
+        res.seconds += t
+        res.rounds += 1
+        res.depths.append(depths)

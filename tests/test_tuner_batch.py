@@ -1,0 +1,128 @@
+"""Depths for several sequences in one pass (runtime/tuner/batch.py), replayed on the laguna-tiny
+pair's recorded acceptance (issue 48: ``auto`` picks each round's depths from the cost of the
+whole pass).
+
+The pass clock is the calm recording's (tests/fixtures/recordings/replay-calm.json): a plain
+step 2.78 ms and each depth about 0.65 ms more, split as a target pass of 2.12 ms plus 0.52 ms a
+row, a drafter pass of 0.23 ms plus 0.14 ms a draft, 0.14 ms of host work per sequence (the
+drafter and host parts from tests/test_tuner_context.py's measurements), with the recorded
+noise and its depth-change cost: one more sequence in a pass costs what one more verify row does.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+
+import pytest
+
+from helpers.depth_replay import RECORDED, PassClock, Recording, prompt_order, replay_batch
+from laguna_dflash.runtime.tuner import AutoDepth, FixedDepth
+from laguna_dflash.runtime.tuner.batch import BatchPlanner, allocate, marginals
+
+CLOCK = PassClock(pass_s=2.12e-3, row_s=0.52e-3, draft_s=0.23e-3, draft_row_s=0.14e-3, host_s=0.14e-3,
+                  depth_change_s=0.7e-3)
+SEEDS = 6
+MIXES = {"code": ["code"] * 4, "code+degraded": ["code", "degraded"] * 2,
+         "four kinds": ["code", "table", "prose", "degraded"]}
+
+
+@functools.cache
+def recording() -> Recording:
+    return Recording.load(RECORDED / "replay-calm.json")
+
+
+def streams(mix: str, seed: int) -> list[list[list[int]]]:
+    rec = recording()
+    return [prompt_order(rec.workloads[w], 7 * seed + i) for i, w in enumerate(MIXES[mix])]
+
+
+def planned(mix: str, seed: int):
+    rec = recording()
+    planner = BatchPlanner(rec.max_depth, rec.window)
+    n = len(MIXES[mix])
+    return replay_batch([planner.slot(i) for i in range(n)], CLOCK, streams(mix, seed), rec.n_predict,
+                        rec.noise_quantiles, seed, planner=planner)
+
+
+def solo_planned(mix: str, seed: int):
+    """What each sequence's own tuner does in the batch: it times its rounds, which last the pass."""
+    rec = recording()
+    n = len(MIXES[mix])
+    return replay_batch([AutoDepth(rec.max_depth, window=rec.window) for _ in range(n)], CLOCK,
+                        streams(mix, seed), rec.n_predict, rec.noise_quantiles, seed)
+
+
+@functools.cache
+def best_fixed(mix: str, seed: int) -> float:
+    """The best depth every sequence plays, tokens/s."""
+    rec = recording()
+    n = len(MIXES[mix])
+    return max(replay_batch([FixedDepth(k)] * n, CLOCK, streams(mix, seed), rec.n_predict, rec.noise_quantiles,
+                            seed).tokens_per_s for k in range(rec.max_depth + 1))
+
+
+def test_drafts_go_where_they_add_most():
+    good, poor = [0.9] * 6, [0.3] * 6
+    per_slot = [marginals(good), marginals(poor)]
+    assert marginals([0.5, 0.5]) == [0.5, 0.25]
+    assert allocate(per_slot, 0) == [0, 0]
+    assert allocate(per_slot, 4) == [4, 0]  # 0.9**4 = 0.66 > 0.3
+    assert allocate(per_slot, 7) == [6, 1]
+    assert sum(allocate(per_slot, 9)) == 9
+    # equal sequences share the drafts evenly
+    assert allocate([marginals(good)] * 3, 6) == [2, 2, 2]
+
+
+def test_one_sequence_plans_as_its_own_tuner_does():
+    """With one sequence the pass is its round: the planner's choices are AutoDepth's, round by round."""
+    rec = recording()
+    prompts = [prompt_order(rec.workloads["code"], 3)]
+    planner = BatchPlanner(rec.max_depth, rec.window)
+    a = replay_batch([planner.slot(0)], CLOCK, prompts, rec.n_predict, rec.noise_quantiles, 1, planner=planner)
+    b = replay_batch([AutoDepth(rec.max_depth, window=rec.window)], CLOCK, prompts, rec.n_predict,
+                     rec.noise_quantiles, 1)
+    assert a.depths == b.depths and a.rounds > 200
+
+
+def test_a_pass_is_timed_only_as_planned():
+    planner = BatchPlanner(max_depth=4)
+    planner.plan([2, 0], other_rows=0, context=200)
+    pd = planner.current
+    assert set(planner.passes) == {(2, 0)} and pd.max_depth == 8
+    planner.observe({0: 4, 1: 2}, 0, 0.01)  # other sequences than planned
+    planner.plan([0, 2], 0, 200)
+    planner.observe({0: 2, 2: 2}, 0, 0.01, timed=False)  # it prefilled a prompt too
+    assert pd.rounds == 0 and not pd.costs.cost
+    for _ in range(pd.probe_rounds):  # the first round of a probe is untimed (graph rebuilds)
+        planner.plan([0, 2], 0, 200)
+        planner.observe({0: 2, 2: 1}, 0, 0.01)  # one sequence cut its depth at its end: timed at 3
+    assert pd.rounds == pd.probe_rounds and pd.costs.medians() == {3: 0.01}
+    planner.plan([0, 2], other_rows=5, context=200)  # a fixed-depth sequence beside them: another pass
+    assert planner.current is not pd and set(planner.passes) == {(2, 0), (2, 5)}
+
+
+@pytest.mark.parametrize("mix", MIXES)
+def test_planning_the_pass_beats_each_sequence_planning_alone(mix):
+    """Each sequence's own tuner counts the pass as its cost and its extra rows as nobody's: it
+    drafts deeper than is best for the pass, and other sequences' changes move its samples. The
+    planner must win clearly (this fails if the batch falls back to per-sequence planning)."""
+    gains = [planned(mix, s).tokens_per_s / solo_planned(mix, s).tokens_per_s for s in range(SEEDS)]
+    assert statistics.mean(gains) >= 1.04, gains
+
+
+@pytest.mark.parametrize("mix,bound", [("code", 0.95), ("code+degraded", 1.0), ("four kinds", 1.0)])
+def test_planning_the_pass_keeps_up_with_the_best_fixed_depth(mix, bound):
+    """On like sequences within 5% of the best depth all of them play; on mixed ones ahead of any
+    such depth, as the drafts go to the sequences that accept them."""
+    vs = [planned(mix, s).tokens_per_s / best_fixed(mix, s) for s in range(SEEDS)]
+    assert statistics.mean(vs) >= bound, vs
+    assert min(vs) >= bound - 0.07, vs
+
+
+def test_sequences_that_accept_more_get_more_drafts():
+    r = planned("code+degraded", 0)
+    late = r.depths[len(r.depths) // 3:]
+    code = sum(d[0] + d[2] for d in late)
+    degraded = sum(d[1] + d[3] for d in late)
+    assert code > 2 * degraded, (code, degraded)
