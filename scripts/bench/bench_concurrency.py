@@ -20,7 +20,10 @@ process's CPU time) is what a run would give were the cores its own. The accepta
 batched cell at C=4, depth 4 over the separate cell at C=1, depth 4 (the same requests run one
 at a time on today's engine), held at >= 1.8 with every batched output equal to the output the
 same request has alone on the batched engine (C=1); outputs are also compared with today's
-engine alone.
+engine alone. With ``auto`` among ``--depths``, each stream count's batched ``auto`` cell is also
+judged against the best of the fixed depths run (median over median, held at >= 0.97);
+``--separate-depths`` limits the separate engines to the depths a comparison needs. Each
+engine's rounds run in a thread of their own (``in_a_thread``).
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ import time
 from pathlib import Path
 
 from scripts.arguments import int_list
-from scripts.recorded import command_line, write_results
+from scripts.recorded import command_line, write_json, write_results
 
 ACCEPTANCE = (4, 4, 1.8)  # streams, depth, aggregate ratio over one at a time
+AUTO_BAR = 0.97  # auto's aggregate over the best fixed depth's, at each stream count
 
 
 class Run:
@@ -77,6 +81,27 @@ def run_batched(engine, prompts, opts, streams: int) -> tuple[dict, list[list[in
     return run.summary(time.perf_counter() - t0, time.process_time() - c0), run.tokens
 
 
+def in_a_thread(fn, *args):
+    """``fn(*args)`` run by a thread of its own, as the server's worker runs the batched rounds
+    and as each separate engine runs in its client's thread, so that both meet the same threading
+    (docs/results/concurrency/README.md: from the main thread, some generations at -t 2 took 10-50x
+    longer on the shared machine)."""
+    out: list = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn(*args))
+        except BaseException as e:
+            errors.append(e)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
 def run_separate(engines, prompts, opts, streams: int) -> tuple[dict, list[list[int]]]:
     run = Run(len(prompts))
     queue = list(range(len(prompts)))
@@ -110,10 +135,27 @@ def run_separate(engines, prompts, opts, streams: int) -> tuple[dict, list[list[
     return run.summary(time.perf_counter() - t0, time.process_time() - c0), run.tokens
 
 
+def auto_verdicts(table: dict, streams, depths) -> dict:
+    """Per stream count: the batched engine's median aggregate at ``auto`` over the best median of
+    its fixed depths (those run)."""
+    out = {}
+    fixed = [d for d in depths if d != "auto"]
+    if "auto" not in depths or not fixed:
+        return out
+    for c in streams:
+        rate = {d: table[f"batched c{c} d{d}"]["aggregate"]["median"] for d in fixed}
+        best = max(rate, key=rate.get)
+        ratio = table[f"batched c{c} dauto"]["aggregate"]["median"] / rate[best]
+        out[str(c)] = {"ratio": ratio, "best_fixed": best, "bar": AUTO_BAR, "held": ratio >= AUTO_BAR}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int_list(1, 64), default=(1, 2, 4, 8))
-    ap.add_argument("--depths", type=int_list(0, 15), default=(0, 4))
+    ap.add_argument("--depths", type=int_list(0, 15, ("auto",)), default=(0, 4))
+    ap.add_argument("--separate-depths", type=int_list(0, 15, ("auto",)),
+                    help="the depths separate engines run (default: --depths)")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=96, help="each prompt's first tokens (0: whole)")
@@ -139,17 +181,56 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [target.tokenize(texts[i % len(texts)])[:args.prompt_tokens or None] for i in range(args.requests)]
     batched = {c: BatchEngine(target, pair, cfg, n_seq=c, drafter_model=drafter) for c in args.streams}
     separate = [Engine(target, config=cfg, drafter_model=drafter, pair=pair) for _ in range(max(args.streams))]
-    cells = [(kind, c, d) for d in args.depths for c in args.streams for kind in ("batched", "separate")]
+    separate_depths = args.depths if args.separate_depths is None else args.separate_depths
+    cells = [(kind, c, d) for d in args.depths for c in args.streams for kind in ("batched", "separate")
+             if kind == "batched" or d in separate_depths]
     results: dict[str, list[dict]] = {f"{k} c{c} d{d}": [] for k, c, d in cells}
     outputs: dict[str, list[list[int]]] = {}
     differ: dict[str, int] = {}
     meter = CpuMeter()
     before = meter.snapshot()
+    def summarise(done: int):
+        """Everything measured so far (``done`` repetitions)."""
+        others = meter.others_busy_cores(before, meter.snapshot())
+
+        def med(key: str, field: str) -> dict:
+            vals = [r[field] for r in results[key]]
+            return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+
+        table = {key: {f: med(key, f) for f in ("aggregate", "per_stream", "ttft", "per_cpu_s")} for key in results}
+        solo_key = lambda kind, d: f"{kind} c1 d{d}"  # noqa: E731
+        equal = {}
+        for kind, c, d in cells:
+            key = f"{kind} c{c} d{d}"
+            for ref in ("batched", "separate"):
+                if solo_key(ref, d) in outputs:
+                    same = sum(a == b for a, b in zip(outputs[key], outputs[solo_key(ref, d)]))
+                    equal.setdefault(key, {})[f"equal_to_{ref}_alone"] = f"{same}/{len(prompts)}"
+        c_acc, d_acc, bar = ACCEPTANCE
+        verdict = None
+        if f"batched c{c_acc} d{d_acc}" in table and solo_key("separate", d_acc) in table:
+            ratios = [b["aggregate"] / s["aggregate"] for b, s in
+                      zip(results[f"batched c{c_acc} d{d_acc}"], results[solo_key("separate", d_acc)])]
+            ratio = table[f"batched c{c_acc} d{d_acc}"]["aggregate"]["median"] / \
+                table[solo_key("separate", d_acc)]["aggregate"]["median"]
+            exact = equal[f"batched c{c_acc} d{d_acc}"]["equal_to_batched_alone"] == f"{len(prompts)}/{len(prompts)}"
+            verdict = {"ratio_of_medians": ratio, "per_repetition_ratios": ratios, "bar": bar,
+                       "outputs_equal_alone": exact, "held": ratio >= bar and exact}
+        auto = auto_verdicts(table, args.streams, args.depths)
+        result = {"command": command_line(__file__, argv), "cpu": cpu_facts(), "threads": args.threads,
+                  "requests": args.requests, "n_predict": args.n_predict, "depths": list(args.depths), "prompt_tokens": args.prompt_tokens,
+                  "repeats": args.repeats, "repeats_done": done,
+                  "pair": "code", "cache": "f16", "others_busy_cores": others, "cells": table,
+                  "aggregate_per_repetition": {k: [r["aggregate"] for r in v] for k, v in results.items()},
+                  "outputs": equal, "runs_whose_outputs_changed": differ, "acceptance": verdict,
+                  "auto_vs_best_fixed": auto}
+        return result, table, equal, verdict, auto, others
+
     for rep in range(args.repeats):
         for kind, c, d in cells:
             opts = GenerateOptions(n_predict=args.n_predict, n_max=d)
             if kind == "batched":
-                summary, tokens = run_batched(batched[c], prompts, opts, c)
+                summary, tokens = in_a_thread(run_batched, batched[c], prompts, opts, c)
             else:
                 summary, tokens = run_separate(separate, prompts, opts, c)
             key = f"{kind} c{c} d{d}"
@@ -158,36 +239,10 @@ def main(argv: list[str] | None = None) -> int:
             if tokens != outputs[key]:
                 differ[key] = differ.get(key, 0) + 1  # a run whose outputs differ from its first
             console.print(f"rep {rep + 1}/{args.repeats} {key}: {summary['aggregate']:.0f} tok/s")
-    others = meter.others_busy_cores(before, meter.snapshot())
-
-    def med(key: str, field: str) -> dict:
-        vals = [r[field] for r in results[key]]
-        return {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
-
-    table = {key: {f: med(key, f) for f in ("aggregate", "per_stream", "ttft", "per_cpu_s")} for key in results}
-    solo_key = lambda kind, d: f"{kind} c1 d{d}"  # noqa: E731
-    equal = {}
-    for kind, c, d in cells:
-        key = f"{kind} c{c} d{d}"
-        for ref in ("batched", "separate"):
-            if solo_key(ref, d) in outputs:
-                same = sum(a == b for a, b in zip(outputs[key], outputs[solo_key(ref, d)]))
-                equal.setdefault(key, {})[f"equal_to_{ref}_alone"] = f"{same}/{len(prompts)}"
+        if args.json and rep + 1 < args.repeats:  # what a run stopped at its time limit leaves
+            write_json(args.json, summarise(rep + 1)[0])
+    result, table, equal, verdict, auto, others = summarise(args.repeats)
     c_acc, d_acc, bar = ACCEPTANCE
-    verdict = None
-    if f"batched c{c_acc} d{d_acc}" in table and solo_key("separate", d_acc) in table:
-        ratios = [b["aggregate"] / s["aggregate"] for b, s in
-                  zip(results[f"batched c{c_acc} d{d_acc}"], results[solo_key("separate", d_acc)])]
-        ratio = table[f"batched c{c_acc} d{d_acc}"]["aggregate"]["median"] / \
-            table[solo_key("separate", d_acc)]["aggregate"]["median"]
-        exact = equal[f"batched c{c_acc} d{d_acc}"]["equal_to_batched_alone"] == f"{len(prompts)}/{len(prompts)}"
-        verdict = {"ratio_of_medians": ratio, "per_repetition_ratios": ratios, "bar": bar,
-                   "outputs_equal_alone": exact, "held": ratio >= bar and exact}
-    result = {"command": command_line(__file__, argv), "cpu": cpu_facts(), "threads": args.threads,
-              "requests": args.requests, "n_predict": args.n_predict, "prompt_tokens": args.prompt_tokens,
-              "repeats": args.repeats,
-              "pair": "code", "cache": "f16", "others_busy_cores": others, "cells": table,
-              "outputs": equal, "runs_whose_outputs_changed": differ, "acceptance": verdict}
     warning = busy_warning(others)
     if warning:
         console.print(warning)
@@ -200,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"acceptance: batched c{c_acc} d{d_acc} / separate c1 d{d_acc} = {verdict['ratio_of_medians']:.2f}x "
                       f"(bar {bar}), outputs equal alone: {verdict['outputs_equal_alone']} -> "
                       f"{'held' if verdict['held'] else 'not held'}")
+    for c, v in auto.items():
+        console.print(f"auto at {c} streams: {v['ratio']:.3f}x the best fixed depth ({v['best_fixed']}; bar "
+                      f"{AUTO_BAR}) -> {'held' if v['held'] else 'not held'}")
     write_results(result, args.json, args.png, plot, console)
     for e in batched.values():
         e.close()
@@ -219,7 +277,7 @@ def plot(result: dict, png: Path) -> None:
     cells = result["cells"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for kind, style in (("batched", "-"), ("separate", "--")):
-        for depth, color in (("0", "tab:blue"), ("4", "tab:orange")):
+        for depth, color in zip([str(d) for d in result["depths"]], plt.rcParams["axes.prop_cycle"].by_key()["color"]):
             keys = sorted((k for k in cells if k.startswith(kind) and k.endswith(f"d{depth}")),
                           key=lambda k: int(k.split()[1][1:]))
             if not keys:
