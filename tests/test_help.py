@@ -81,3 +81,13 @@ def test_no_message_of_the_product_cites_the_spec():
     assert citing, "no module cites SPEC even in a comment or docstring: the scan reads nothing"
     found = [f"{f.relative_to(REPO)}:{line}" for f in citing for line, text in _messages(f) if "SPEC §" in text]
     assert found == []
+
+
+def test_the_serve_help_names_every_api_it_serves():
+    from laguna_dflash.runtime.server import anthropic, responses
+
+    served = {"/v1/chat/completions", "/v1/completions", "/v1/models", responses.PATH, anthropic.PATH,
+              anthropic.PATH + "/count_tokens"}
+    text = typer.main.get_command(laguna_run_apps()[("serve",)]).help
+    assert not {path for path in served if path not in text.split()
+                and path + "," not in text.split()}, text

@@ -73,8 +73,10 @@ def serve(
     *,
     flags: PairFlags,
 ) -> None:
-    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models), /health and
-    /metrics, drafting every request with the DFlash drafter."""
+    """Serve the model to OpenAI and Anthropic clients and coding agents, drafting every request
+    with the DFlash drafter: /v1/chat/completions, /v1/completions, /v1/responses (OpenAI;
+    Codex CLI), /v1/messages and /v1/messages/count_tokens (Anthropic; Claude Code),
+    /v1/models, /health and /metrics."""
     _need_server_extra()
     SERVER.check_flags(locals())  # the arguments, by name
     flags.check()
