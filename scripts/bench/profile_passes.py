@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Where a llama-bench pass spends its time, per kernel: perf samples per symbol, builds side by side.
+
+For each configuration (``NAME=BINARY[:LIBDIR][:EXTRA ARGS]``, as in bench_rows.py), model and row
+count, ``perf record`` runs ``llama-bench -p ROWS -n 0`` twice, with ``-r SHORT`` and ``-r LONG``
+repetitions; a symbol's samples in the short run (model load, repack, warm-up, teardown, SHORT
+passes) are subtracted from the long run's, leaving LONG - SHORT passes: ms per pass per symbol,
+with no guess about where the load ends. Symbols of the load and of the C/C++ runtime (the
+operating system's, repack_*, mem*, malloc, std::, the vocabulary) are left out of the table and
+its total: their share of the load varies from run to run by more than a pass costs. The pass
+time llama-bench measured in the long run is printed next to the total for comparison.
+perf's sampling clock is ``cpu-clock`` where the machine has no hardware counters (a VM), so a
+sample is time on a core, not cycles. LIBDIR goes first on LD_LIBRARY_PATH, before BINARY's
+folder: keep BINARY in a folder without a libggml-cpu of its own.
+
+    python -m scripts.bench.profile_passes -m ~/.cache/laguna-dflash/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf \\
+        --config "ours=$BUILD/llama-bench:$LIBDIR" \\
+        --config "ik-rtr=$HOME/.cache/laguna-dflash/peer/ik_llama.cpp/build/bin/llama-bench::-rtr 1" \\
+        --rows 1,5 --json profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from scripts.bench.bench_rows import Config
+from scripts.recorded import command_line, write_json
+
+#: "  12.34%   5678  [.] symbol" lines of `perf report -n --sort sym --stdio`
+_LINE = re.compile(r"^\s*[\d.]+%\s+(\d+)\s+\[(.)\]\s+(.+?)\s*$")
+#: user-space symbols of the model load and the runtime libraries, not of a pass's kernels
+_LOAD = re.compile(r"^(repack_|__mem|mem(cpy|set|move|cmp)|_int_|malloc|free|std::|llama_vocab|llama_model_loader)")
+
+
+def samples(cfg: Config, model: Path, rows: int, reps: int, threads: int, freq: int) -> tuple[dict[str, int], float]:
+    """Samples per kernel symbol of one llama-bench run under perf record, and its mean ms per pass."""
+    env = dict(os.environ)
+    if cfg.libdir:
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in (cfg.libdir, str(Path(cfg.binary).parent),
+                                                      env.get("LD_LIBRARY_PATH", "")) if p)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "perf.data"
+        cmd = ["perf", "record", "-q", "-F", str(freq), "-o", str(data), "--", cfg.binary, "-m", str(model),
+               "-p", str(rows), "-n", "0", "-t", str(threads), "-r", str(reps), "-fa", "1", "-o", "json",
+               *cfg.extra]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cfg.name}: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
+        rep = subprocess.run(["perf", "report", "-i", str(data), "-n", "--sort", "sym", "--stdio"],
+                             capture_output=True, text=True, check=True).stdout
+    out: dict[str, int] = {}
+    for line in rep.splitlines():
+        m = _LINE.match(line)
+        if m and m[2] != "k" and not _LOAD.match(m[3]):
+            out[m[3]] = out.get(m[3], 0) + int(m[1])
+    return out, json.loads(r.stdout)[0]["avg_ns"] / 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", type=Path, action="append", required=True, help="one or more models")
+    ap.add_argument("--config", action="append", required=True, help="NAME=BINARY[:LIBDIR][:EXTRA ARGS]")
+    ap.add_argument("--rows", default="1,5")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--short", type=int, default=2, help="llama-bench -r of the run subtracted")
+    ap.add_argument("--long", type=int, default=22, help="llama-bench -r of the run kept")
+    ap.add_argument("--freq", type=int, default=4999, help="perf record -F (samples per second)")
+    ap.add_argument("--top", type=int, default=8, help="symbols printed per run")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    configs = [Config.parse(s) for s in args.config]
+    rows = [int(x) for x in args.rows.split(",")]
+    passes = args.long - args.short
+    ms_per_sample = 1e3 / args.freq
+    results = []
+    for model in args.model:
+        for n in rows:
+            for c in configs:
+                long, pass_ms = samples(c, model, n, args.long, args.threads, args.freq)
+                short, _ = samples(c, model, n, args.short, args.threads, args.freq)
+                per_pass = {s: (v - short.get(s, 0)) * ms_per_sample / passes for s, v in long.items()}
+                total = sum(v for v in per_pass.values() if v > 0)
+                top = sorted(per_pass.items(), key=lambda kv: -kv[1])
+                results.append({"model": model.name, "rows": n, "config": c.name, "ms_per_pass_total": total,
+                                "llama_bench_ms_per_pass": pass_ms,
+                                "ms_per_pass": {s: v for s, v in top if abs(v) >= 0.05}})
+                print(f"{model.name} rows {n} {c.name}: {total:.1f} ms of kernel samples per pass, llama-bench "
+                      f"{pass_ms:.1f} ms (load average {os.getloadavg()[0]:.2f})")
+                for s, v in top[:args.top]:
+                    print(f"  {v:7.2f} ms  {100 * v / total:5.1f}%  {s[:90]}")
+    if args.json:
+        write_json(args.json, {"command": command_line(__file__, argv), "threads": args.threads,
+                               "passes": passes, "freq": args.freq,
+                               "configs": [c.__dict__ for c in configs], "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
