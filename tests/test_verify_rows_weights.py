@@ -18,6 +18,7 @@ thread count, all covered here.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from helpers import kernel_weights as kw
@@ -49,6 +50,31 @@ def test_every_row_of_a_few_row_product_is_the_row_alone(backend, shape):
             bad, worst = prod.row_mismatches(rows, seed=rows, shared_routing=shared)
             assert bad == 0, (f"{shape.name}: {bad} of {rows} rows differ from the row alone "
                               f"(max |diff| {worst:.2e}, shared routing {shared})")
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s.type == "q4_K"], ids=lambda s: s.name)
+def test_repacked_q4_K_products_at_the_quants_extremes_are_exact(backend, shape):
+    """The repacked Q4_K kernels sum a column's quant products in int16 lanes before widening;
+    at the extremes (every quant 15, scales and mins 63, every activation quantized to -128)
+    a lane holding more than it can would show here. The values are chosen so that the product
+    is exact in float32: each output is n_in * (63 * 15 - 63) * x."""
+    # block_q4_K: fp16 d = 1, fp16 dmin = 1, 12 bytes of 6-bit scales and mins all 63, 128 bytes
+    # of quants all 15
+    block = np.array([1.0, 1.0], np.float16).tobytes() + b"\xff" * 12 + b"\xff" * 128
+    raw = block * (shape.n_in // 256 * shape.n_out)
+    prod = kw.Product(backend, shape, raw=raw)
+    for rows in (1, 2, 5, 16):
+        # powers of two: Q8_K quantizes each row to -128 times an exact scale
+        scale = np.array([-(2.0 ** (r % 5)) for r in range(rows)], np.float32)
+        x = np.repeat(scale[:, None], shape.n_in, axis=1)
+        ids = None
+        if shape.n_expert:
+            ids = np.stack([np.arange(r, r + shape.n_used) % shape.n_expert for r in range(rows)]).astype(np.int32)
+        out, _ = prod.run(x, ids)
+        want = shape.n_in * (63 * 15 - 63) * scale
+        got = out.reshape(rows, -1)
+        assert np.array_equal(got, np.repeat(want[:, None], got.shape[1], axis=1)), \
+            f"{shape.name}, {rows} rows: {np.unique(got)} instead of {want}"
 
 
 def test_the_q4_K_weights_are_repacked(backend):
@@ -93,3 +119,24 @@ def test_greedy_speculative_equals_plain_on_an_xs_width_q4_K_M_target():
             spec = eng.generate(prompt, GenerateOptions(n_predict=48, n_max=n_max))
             first = next((j for j, (a, b) in enumerate(zip(plain, spec.tokens)) if a != b), None)
             assert spec.tokens == plain, f"n_max {n_max}: speculative output leaves plain decoding at token {first}"
+
+
+@pytest.mark.skipif(_xs_q4_K_M_pair() is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
+def test_greedy_speculative_equals_plain_on_an_xs_width_q4_K_M_target_with_the_prompt_cache():
+    """The same with the prompt cache on (the engine's default), in the order that once parted
+    from plain decoding at token 16 (plain, depth 4, depth 8, plain again: each generation after
+    the first reuses the cached prompt and lands its tokens in cells the earlier ones used):
+    every output must be the first plain one (what changed since: patch 0006's sliding-window
+    cells by position and the prompt cache's no-re-decode rule, docs/results/long-context)."""
+    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.llama import Model
+
+    target, drafter = _xs_q4_K_M_pair()
+    prompt = "def quicksort(xs):\n    " * 8
+    cfg = EngineConfig(n_ctx=1024, n_threads=1, prompt_cache=True)
+    with Model(target) as m, Engine(m, drafter, cfg) as eng:
+        plain = eng.generate(prompt, GenerateOptions(n_predict=48, n_max=0)).tokens
+        for n_max in (4, 8, 0):
+            out = eng.generate(prompt, GenerateOptions(n_predict=48, n_max=n_max)).tokens
+            first = next((j for j, (a, b) in enumerate(zip(plain, out)) if a != b), None)
+            assert out == plain, f"n_max {n_max} after the others: output leaves the first plain one at token {first}"

@@ -106,7 +106,9 @@ class WeightShape:
 class Product:
     """One weight matmul, set up once (the weight quantized and placed), run for any row count."""
 
-    def __init__(self, be: Backend, shape: WeightShape, seed: int = 0, repack: bool | None = None) -> None:
+    def __init__(self, be: Backend, shape: WeightShape, seed: int = 0, repack: bool | None = None,
+                 raw: bytes | None = None) -> None:
+        """``raw``: one matrix's quantized bytes (every expert's) instead of random weights."""
         self.be, self.shape = be, shape
         rng = np.random.default_rng(seed)
         t = TYPES[shape.type]
@@ -122,8 +124,11 @@ class Product:
         self.wbuf = be.ggml_backend_alloc_ctx_tensors_from_buft(self.wctx, buft)
         if not self.wbuf:
             raise RuntimeError(f"{shape}: could not allocate the weight")
-        data = b"".join(be.quantize(t, rng.standard_normal((shape.n_out, shape.n_in)).astype(np.float32) * 0.02)
-                        for _ in range(n_mat))
+        if raw is not None:
+            data = raw * n_mat
+        else:
+            data = b"".join(be.quantize(t, rng.standard_normal((shape.n_out, shape.n_in)).astype(np.float32) * 0.02)
+                            for _ in range(n_mat))
         be.ggml_backend_tensor_set(self.w, data, 0, len(data))
         self.rng = rng
 
