@@ -3,6 +3,7 @@
     python -m scripts.bench.bench_agent_server record --out scripts/bench/data/agent-session.json
     scripts/bench/build_peer.sh ik       # once: ik_llama.cpp's llama-server, outside the repo
     python -m scripts.bench.bench_agent_server replay --json docs/results/agent-server/agent-server.json --png docs/results/agent-server/agent-server.png
+    python -m scripts.bench.bench_agent_server replay --api chat,messages ...   # also through /v1/messages
 
 ``record`` runs an agent (the loop of ``examples/agent.py``: thinking on, the tools run for real
 over the standard library) through the agent pair's held-out tasks in ONE growing conversation
@@ -11,7 +12,10 @@ request it sent and every reply it got.
 
 ``replay`` sends the recorded requests again, in order, streamed, as an agent would: request k is
 the recorded conversation up to reply k (recorded history, not the server's own earlier replies,
-so every server answers exactly the same requests). Each configuration is a fresh server process
+so every server answers exactly the same requests). ``--api messages`` sends each turn as an
+Anthropic Messages request instead (system apart, thinking/text/tool_use blocks, tool results as
+user turns; thinking enabled when the recording's is on), through the official ``anthropic`` client,
+to both servers' /v1/messages; every API is its own configurations and verdict. Each configuration is a fresh server process
 on the same GGUF pair, the same chat template (the target GGUF's), greedy, the same threads, an F16
 KV cache (both servers' default; ik_llama.cpp's CPU flash attention has no F32 cache), a 16k
 context and its prompt cache on (a slot keeps the last prompt):
@@ -147,10 +151,16 @@ class IkServer:
 class Config:
     server: str
     depth: int | str  # 0: plain (no drafter)
+    api: str = "chat"  # chat: /v1/chat/completions; messages: /v1/messages (Anthropic)
 
     @property
     def name(self) -> str:
-        return f"{self.server} {'plain' if self.depth == 0 else self.depth}"
+        api = "" if self.api == "chat" else f" ({self.api})"
+        return f"{self.server} {'plain' if self.depth == 0 else self.depth}{api}"
+
+    @property
+    def plain(self) -> "Config":
+        return Config(self.server, 0, self.api)
 
 
 def ik_server_binary() -> Path | None:
@@ -224,17 +234,101 @@ def send(client, model: str, recording: dict, history: list[dict]) -> dict:
             "reply": reply}
 
 
+def anthropic_request(recording: dict, history: list[dict]) -> dict:
+    """The same turn as Anthropic Messages: the system text apart, assistant replies as thinking,
+    text and tool_use blocks, each run of tool results as one user turn of tool_result blocks."""
+    system, messages = [], []
+
+    def turn(role: str) -> list:
+        if not messages or messages[-1]["role"] != role:
+            messages.append({"role": role, "content": []})
+        return messages[-1]["content"]
+
+    for m in history:
+        if m["role"] == "system":
+            system.append(m["content"])
+        elif m["role"] == "user":
+            turn("user").append({"type": "text", "text": m["content"]})
+        elif m["role"] == "tool":
+            turn("user").append({"type": "tool_result", "tool_use_id": m["tool_call_id"], "content": m["content"]})
+        else:
+            blocks = turn("assistant")
+            if m.get("reasoning_content"):
+                blocks.append({"type": "thinking", "thinking": m["reasoning_content"], "signature": ""})
+            if m.get("content"):
+                blocks.append({"type": "text", "text": m["content"]})
+            for call in m.get("tool_calls") or ():
+                f = call["function"]
+                blocks.append({"type": "tool_use", "id": call["id"], "name": f["name"],
+                               "input": json.loads(f["arguments"]) if isinstance(f["arguments"], str) else f["arguments"]})
+    tools = [{"name": t["function"]["name"], "description": t["function"].get("description", ""),
+              "input_schema": t["function"]["parameters"]} for t in recording["tools"]]
+    thinking = ({"type": "enabled", "budget_tokens": recording["max_tokens"]}
+                if recording["chat_template_kwargs"].get("enable_thinking") else {"type": "disabled"})
+    # greedy: Anthropic's default temperature is 1; the client (2.x) takes it only as an extra field
+    request = dict(messages=messages, tools=tools, max_tokens=recording["max_tokens"], thinking=thinking,
+                   extra_body={"temperature": 0})
+    if system:
+        request["system"] = "\n\n".join(system)
+    return request
+
+
+def send_messages(client, model: str, recording: dict, history: list[dict]) -> dict:
+    """One streamed /v1/messages request: its timings, usage and the reply as a chat message
+    (so that it compares with the recorded one)."""
+    first = None
+    text, reasoning, calls, usage = [], [], [], {}
+    t0 = time.perf_counter()
+    with client.messages.create(model=model, stream=True, **anthropic_request(recording, history)) as stream:
+        for event in stream:
+            if event.type == "message_start":
+                usage.update(event.message.usage.model_dump())
+            elif event.type == "content_block_start" and event.content_block.type == "tool_use":
+                calls.append({"id": event.content_block.id, "type": "function",
+                              "function": {"name": event.content_block.name, "arguments": ""}})
+            elif event.type == "content_block_delta":
+                first = first or time.perf_counter()
+                delta = event.delta
+                if delta.type == "text_delta":
+                    text.append(delta.text)
+                elif delta.type == "thinking_delta":
+                    reasoning.append(delta.thinking)
+                elif delta.type == "input_json_delta":
+                    calls[-1]["function"]["arguments"] += delta.partial_json
+            elif event.type == "message_delta":  # the final usage: the prefix cache is read by then
+                usage.update({k: v for k, v in event.usage.model_dump().items() if v is not None})
+    end = time.perf_counter()
+    first = first or end
+    for call in calls:  # a call without arguments streams no delta
+        call["function"]["arguments"] = call["function"]["arguments"] or "{}"
+    reply = {"role": "assistant", "content": "".join(text) or None}
+    if reasoning:
+        reply["reasoning_content"] = "".join(reasoning)
+    if calls:
+        reply["tool_calls"] = calls
+    n = usage.get("output_tokens") or 0
+    cached = usage.get("cache_read_input_tokens") or 0
+    return {"wall_s": end - t0, "ttft_s": first - t0,
+            "tokens_per_s": (n - 1) / (end - first) if n > 1 and end > first else None,
+            "prompt_tokens": (usage.get("input_tokens") or 0) + cached, "cached_tokens": cached,
+            "completion_tokens": n, "reply": reply}
+
+
 def replay_session(config: Config, recording: dict, threads: int, ik_binary, ik_drafter) -> list[dict]:
+    import anthropic
     import openai
 
     server = start(config, threads, ik_binary, ik_drafter)
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=600, max_retries=0)
         model = client.models.list().data[0].id
+        if config.api == "messages":
+            client = anthropic.Anthropic(base_url=server.url, api_key="unused", timeout=600, max_retries=0)
+        ask = send_messages if config.api == "messages" else send
         messages = recording["messages"]
         out = []
         for turn in recording["turns"]:
-            got = send(client, model, recording, messages[:turn["history"]])
+            got = ask(client, model, recording, messages[:turn["history"]])
             want = messages[turn["history"]]
             got["calls_right"] = calls_of(got["reply"]) == calls_of(want)
             got["same_reply"] = said(got["reply"]) == said(want)
@@ -255,14 +349,14 @@ def replay(args) -> int:
     console = Console(width=max(Console().width, 120))
     recording = args.recording_data
     ik_binary = ik_server_binary()
-    configs = [Config(OURS, d) for d in [0, *args.ours]]
+    configs = [Config(OURS, d, api) for api in args.api for d in [0, *args.ours]]
     ik_drafter = None
     if ik_binary is None:
         console.print("ik_llama.cpp's llama-server is not built (scripts/bench/build_peer.sh ik): laguna-run only")
     else:
         drafter = assets.converted_agent_drafter()
         ik_drafter = ik_named_copy(drafter)
-        configs += [Config(IK, d) for d in [0, *args.ik]]
+        configs += [Config(IK, d, api) for api in args.api for d in [0, *args.ik]]
     runs: dict[str, list[list[dict]]] = {c.name: [] for c in configs}
     load = {"before": os.getloadavg(), "per_repetition": []}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -307,13 +401,13 @@ def summarise(recording: dict, configs: list[Config], runs: dict[str, list[list[
                           "completion_tokens": at[0]["completion_tokens"], "n_calls": at[0]["n_calls"],
                           "calls_right_every_repetition": all(t["calls_right"] for t in at),
                           "same_reply_every_repetition": all(t["same_reply"] for t in at),
-                          "same_as_own_plain": (said(at[0]["reply"]) == said(runs[Config(c.server, 0).name][0][k]["reply"])
-                                                if Config(c.server, 0).name in runs else None)})
+                          "same_as_own_plain": (said(at[0]["reply"]) == said(runs[c.plain.name][0][k]["reply"])
+                                                if c.plain.name in runs else None)})
             if not turns[-1]["calls_right_every_repetition"]:
                 turns[-1]["reply_first_repetition"] = at[0]["reply"]
         per_turn[c.name] = turns
         sessions[c.name] = {
-            "server": c.server, "depth": c.depth, "wall_s": spread(walls),
+            "server": c.server, "depth": c.depth, "api": c.api, "wall_s": spread(walls),
             "turns_calls_right": sum(t["calls_right_every_repetition"] for t in turns),
             "turns_same_reply": sum(t["same_reply_every_repetition"] for t in turns),
             "turns_same_as_own_plain": sum(bool(t["same_as_own_plain"]) for t in turns),
@@ -321,11 +415,25 @@ def summarise(recording: dict, configs: list[Config], runs: dict[str, list[list[
             "tokens_generated": sum(t["completion_tokens"] for t in turns),
             "cached_share": (sum(t["cached_tokens"] or 0 for t in turns) / sum(t["prompt_tokens"] or 0 for t in turns)
                              if any(t["prompt_tokens"] for t in turns) else None)}
-    best = {}
-    for server in (OURS, IK):
-        mine = [n for n, s in sessions.items() if s["server"] == server]
-        if mine:
-            best[server] = min(mine, key=lambda n: sessions[n]["wall_s"]["median"])
+    best, verdicts = {}, {}
+    for api in dict.fromkeys(c.api for c in configs):
+        best_here = {}
+        for server in (OURS, IK):
+            mine = [n for n, s in sessions.items() if s["server"] == server and s["api"] == api]
+            if mine:
+                best_here[server] = min(mine, key=lambda n: sessions[n]["wall_s"]["median"])
+        best.update({f"{server} ({api})" if api != "chat" else server: n for server, n in best_here.items()})
+        verdicts[api] = _verdict(recording, sessions, best_here)
+    last = recording["turns"][-1]
+    return {"session": {"turns": len(recording["turns"]), "tasks": recording["tasks"],
+                        "tool_calls": sum(len(m.get("tool_calls") or ()) for m in recording["messages"]),
+                        "last_history_messages": last["history"]},
+            "sessions": sessions, "best": best, "verdict": verdicts.get("chat"), "verdicts": verdicts,
+            "per_turn": per_turn}
+
+
+def _verdict(recording: dict, sessions: dict, best: dict) -> dict | None:
+    """laguna-run's best against ik's best on one API (None without both)."""
     verdict = None
     if len(best) == 2:
         ours, theirs = sessions[best[OURS]], sessions[best[IK]]
@@ -334,11 +442,7 @@ def summarise(recording: dict, configs: list[Config], runs: dict[str, list[list[
                    "bound": 0.8, "ours_calls_right_every_turn": ours["turns_calls_right"] == len(recording["turns"]),
                    "ik_calls_right_every_turn": theirs["turns_calls_right"] == len(recording["turns"])}
         verdict["met"] = verdict["wall_ratio"] <= 0.8 and verdict["ours_calls_right_every_turn"]
-    last = recording["turns"][-1]
-    return {"session": {"turns": len(recording["turns"]), "tasks": recording["tasks"],
-                        "tool_calls": sum(len(m.get("tool_calls") or ()) for m in recording["messages"]),
-                        "last_history_messages": last["history"]},
-            "sessions": sessions, "best": best, "verdict": verdict, "per_turn": per_turn}
+    return verdict
 
 
 def show(console, result: dict, Table) -> None:
@@ -354,9 +458,10 @@ def show(console, result: dict, Table) -> None:
                       f"{s['cached_share']:.1%}" if s["cached_share"] is not None else "-",
                       str(s["turns_calls_right"]), str(s["turns_same_reply"]), str(s["turns_same_as_own_plain"]))
     console.print(table)
-    v = result["verdict"]
-    if v:
-        console.print(f"best: {v['ours_best']} vs {v['ik_best']}: wall ratio {v['wall_ratio']:.3f} (bound 0.8), "
+    for api, v in result["verdicts"].items():
+        if not v:
+            continue
+        console.print(f"{api}: best: {v['ours_best']} vs {v['ik_best']}: wall ratio {v['wall_ratio']:.3f} (bound 0.8), "
                       f"laguna-run calls right every turn: {v['ours_calls_right_every_turn']}, "
                       f"ik: {v['ik_calls_right_every_turn']} -> {'met' if v['met'] else 'NOT met'}")
 
@@ -405,12 +510,17 @@ def main(argv: list[str] | None = None) -> int:
                      help="laguna-run serve depths besides plain (comma-separated; auto: tuned online)")
     rep.add_argument("--ik", type=int_list(1, 15), default=(1, 2, 3, 4),
                      help="ik_llama.cpp dflash n_max values besides plain (comma-separated)")
+    rep.add_argument("--api", type=lambda v: tuple(dict.fromkeys(v.split(","))), default=("chat",),
+                     help="APIs to replay through, comma-separated: chat (/v1/chat/completions), messages "
+                          "(/v1/messages, Anthropic's; the same turns as Messages requests)")
     rep.add_argument("--repetitions", type=int, default=5, help="interleaved repetitions (>= 5 for a result)")
     rep.add_argument("-t", "--threads", type=int, default=2)
     rep.add_argument("--json", type=Path)
     rep.add_argument("--png", type=Path)
     args = ap.parse_args(argv)
     if args.command == "replay":
+        if not set(args.api) <= {"chat", "messages"}:
+            ap.error(f"--api {','.join(args.api)}: expected chat, messages or both (comma-separated)")
         args.recording_data = read_recording(args.recording, ap)
     elif args.tasks < 1 or args.max_steps < 1:
         ap.error(f"--tasks {args.tasks} --max-steps {args.max_steps}: expected both >= 1")
