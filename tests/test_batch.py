@@ -167,8 +167,11 @@ def test_auto_sequences_take_their_depths_from_one_plan_of_the_pass(pair):
     """Four ``auto`` requests: every round's depths come from the planner of a four-sequence pass
     (runtime/tuner/batch.py), which times the whole pass, not from a tuner per sequence."""
     with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=4) as engine:
-        out = engine.generate_all(PROMPTS[:4], GenerateOptions(n_predict=48, n_max="auto"))
+        out = engine.generate_all(PROMPTS[:4], GenerateOptions(n_predict=64, n_max="auto"))
         pd = engine.planner.passes[(4, 0)]
-        assert pd.rounds >= 20 and pd.costs.medians(), "the four-sequence pass was never timed"
+        # its probes (3 passes of 8 drafts in all, 3 of 16, 3 plain: 2 and 4 drafts a sequence
+        # while their acceptance is alike) yield about 27 tokens a sequence, so all four run
+        # together for those 9 passes whatever the clock says
+        assert pd.rounds >= 9 and pd.costs.medians(), "the four-sequence pass was never timed"
         assert all(r.stats.policy.get("batched") for r in out)
         assert sum(r.stats.rounds for r in out) >= 4 * pd.rounds
