@@ -7,8 +7,9 @@
         --json docs/results/concurrency/server-streams.json
 
 Each server runs in its own process on a loopback port with ``C`` slots, an F16 cache, ``-t``
-threads, the drafter at ``--depth`` (ik: ``--spec-type dflash:n_max=DEPTH``, its drafter under
-the name ik looks for) and, for laguna-run, no prompt cache (ik's slots keep theirs: every prompt
+threads, the drafter at ``--depth`` (ik: ``--ik-depth``, ``--spec-type dflash:n_max=N``, its drafter
+under the name ik looks for; ik's llama-server refuses a drafter with more than one slot, "limited
+to a single server slot", so with several streams ik decodes plain, its only way at -np > 1) and, for laguna-run, no prompt cache (ik's slots keep theirs: every prompt
 here is new to every slot's last one but for their shared first tokens). ``C`` client threads
 send ``--requests`` greedy ``/v1/completions`` of ``--n-predict`` tokens on the first
 ``--prompt-tokens`` tokens of the code prompts (as text), each taking the next request when its
@@ -44,8 +45,10 @@ def start(server: str, streams: int, depth: int, threads: int, n_ctx: int, ik_bi
         if depth:
             flags += ["-md", str(drafter)]
         return ServeProcess(*flags)
+    # -no-fa: with several slots ik's CPU flash attention aborts on this sliding-window target
+    # ("found empty attention mask", iqk_flash_attn.cpp); laguna-run does not use flash attention either
     flags = ["-m", str(assets.TINY_TARGET), "-np", str(streams), "-c", str(n_ctx * streams), "-ctk", "f16",
-             "-ctv", "f16", "-t", str(threads), "-tb", str(threads)]
+             "-ctv", "f16", "-t", str(threads), "-tb", str(threads), "-no-fa"]
     if depth:
         flags += ["-md", str(ik_named_copy(drafter)), "--spec-type", f"dflash:n_max={depth}"]
     return IkServer(ik_binary, *flags)
@@ -94,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--ik-depth", type=int, default=None,
+                    help="ik_llama.cpp's dflash n_max (default: --depth with one stream, 0 with several)")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=96)
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=1024, help="context per slot")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--png", type=Path, help="per-repetition aggregates of both servers")
     args = ap.parse_args(argv)
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.cores import CpuMeter
@@ -115,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [target.detokenize(target.tokenize(texts[i % len(texts)], add_special=False)[:args.prompt_tokens])
                .decode("utf-8", errors="replace") for i in range(args.requests)]
     target.close()
-    procs = {s: start(s, args.streams, args.depth, args.threads, args.ctx, ik_binary) for s in servers}
+    ik_depth = args.ik_depth if args.ik_depth is not None else (args.depth if args.streams == 1 else 0)
+    if ik_depth and args.streams > 1:
+        ap.error(f"--ik-depth {ik_depth}: ik_llama.cpp's llama-server speculates only with one slot; expected 0 "
+                 f"with --streams {args.streams}")
+    depths = {OURS: args.depth, IK: ik_depth}
+    procs = {s: start(s, args.streams, depths[s], args.threads, args.ctx, ik_binary) for s in servers}
     runs: dict[str, list[dict]] = {s: [] for s in servers}
     meter = CpuMeter()
     before = meter.snapshot()
@@ -135,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     same = None
     if IK in runs:
         same = sum(a == b for a, b in zip(runs[OURS][0]["texts"], runs[IK][0]["texts"]))
-    result = {"command": command_line(__file__, argv), "streams": args.streams, "depth": args.depth,
+    result = {"command": command_line(__file__, argv), "streams": args.streams, "depth": args.depth, "ik_depth": ik_depth,
               "threads": args.threads, "requests": args.requests, "n_predict": args.n_predict,
               "prompt_tokens": args.prompt_tokens, "repeats": args.repeats, "others_busy_cores": others,
               "ik_snapshot": peer_snapshot(ik_binary.parent) if ik_binary else None, "servers": table,
@@ -147,7 +158,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"laguna-run / ik: {result['ratio_laguna_over_ik']:.2f}x; texts equal: {result['texts_equal_between_servers']}")
     if args.json:
         write_json(args.json, result)
+    if args.png:
+        plot(result, args.png)
     return 0
+
+
+def plot(result: dict, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, row in result["servers"].items():
+        depth = result["depth"] if name == OURS else result["ik_depth"]
+        ax.plot(range(1, len(row["per_repetition"]) + 1), row["per_repetition"], "o-",
+                label=f"{name} ({'plain' if depth == 0 else f'depth {depth}'}): median {row['median']:.0f}")
+    ax.set_xlabel("repetition")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    ax.set_title(f"{result['streams']} concurrent streams, -t {result['threads']}")
+    fig.tight_layout()
+    fig.savefig(png)
 
 
 if __name__ == "__main__":
