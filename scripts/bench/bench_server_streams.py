@@ -108,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path, help="per-repetition aggregates of both servers")
     args = ap.parse_args(argv)
+    for flag, value in (("--depth", args.depth), ("--ik-depth", args.ik_depth)):
+        if value is not None and not 0 <= value <= 15:
+            ap.error(f"{flag} {value}: expected a draft depth in 0..15 (0: plain)")
+    ik_depth = args.ik_depth if args.ik_depth is not None else (args.depth if args.streams == 1 else 0)
+    if ik_depth and args.streams > 1:
+        ap.error(f"--ik-depth {ik_depth}: ik_llama.cpp's llama-server speculates only with one slot; expected 0 "
+                 f"with --streams {args.streams}")
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.cores import CpuMeter
     from laguna_dflash.runtime.llama import Model
@@ -121,10 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [target.detokenize(target.tokenize(texts[i % len(texts)], add_special=False)[:args.prompt_tokens])
                .decode("utf-8", errors="replace") for i in range(args.requests)]
     target.close()
-    ik_depth = args.ik_depth if args.ik_depth is not None else (args.depth if args.streams == 1 else 0)
-    if ik_depth and args.streams > 1:
-        ap.error(f"--ik-depth {ik_depth}: ik_llama.cpp's llama-server speculates only with one slot; expected 0 "
-                 f"with --streams {args.streams}")
     depths = {OURS: args.depth, IK: ik_depth}
     procs = {s: start(s, args.streams, depths[s], args.threads, args.ctx, ik_binary) for s in servers}
     runs: dict[str, list[dict]] = {s: [] for s in servers}
