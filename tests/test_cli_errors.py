@@ -200,6 +200,13 @@ def test_n_predict_0_generates_nothing(pair, capsys):
 # ------------------------------------------------------------------ Ctrl-C
 
 
+def _lines_in(path) -> int:
+    try:
+        return path.read_text().count("\n")
+    except FileNotFoundError:  # renamed over its final name between the glob and the read
+        return 0
+
+
 @pytest.mark.parametrize("json_out", [False, True], ids=["table", "json"])
 def test_ctrl_c_reports_what_was_done_and_exits_130(pair, tmp_path, json_out):
     target, drafter = pair
@@ -210,8 +217,9 @@ def test_ctrl_c_reports_what_was_done_and_exits_130(pair, tmp_path, json_out):
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
-        # followed live in its partial file, renamed over rounds.jsonl when the run ends
-        while not any(f.read_text().count("\n") >= 1 for f in tmp_path.glob("rounds.jsonl.partial-*")):
+        # followed live in its partial file (NAME.partial-PID), renamed over rounds.jsonl when the run
+        # ends; the writability probe NAME.partial-probe-PID comes and goes before it, so it is not read
+        while not any(_lines_in(f) >= 1 for f in tmp_path.glob("rounds.jsonl.partial-[0-9]*")):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no round traced in 180 s"
             time.sleep(0.02)
