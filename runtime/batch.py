@@ -9,12 +9,15 @@ order whatever the rollbacks; patch 0006's ring applies to one stream only), its
 context and its own prompt cache. One slot is Engine's context (the ring: a smaller cache), so
 an engine of one slot and an engine of several may differ in the last bits of a sliding-window
 layer's sums once a sequence passes the ring's size, with an F16 cache. A round asks
-every running sequence for its rows (runtime/rounds.py: a plain step, a verify block of any
-depth, or the next part of its prompt), decodes them all in one ``llama_decode``, and hands each
-sequence its logits and captured rows; its drafter then reads them. A prompt takes the rows that
-the running sequences leave free in the batch (chunked prefill), so their rounds never wait
-for a whole prompt. Greedy output of a sequence does not depend on what runs beside it: the
-target scores a row the same whatever else the batch holds (tests/test_batch.py).
+every decoding sequence for its rows (runtime/rounds.py: a plain step or a verify block of any
+depth), decodes them all in one ``llama_decode``, and hands each sequence its logits and
+captured rows; its drafter then reads them. A prompt is decoded in parts
+of its own, cut as the one-slot engine cuts it, between the running sequences' rounds (chunked
+prefill), so their rounds never wait for a whole prompt. Greedy output of a sequence does not
+depend on what runs beside it: a prompt part has the pass it has alone, and the target scores a
+decoding row the same whatever else the pass holds (tests/test_batch.py) where its kernels
+compute a row as alone: on Q4_K weights passes of up to 16 rows (patches 0011, 0012); a round
+of more (4 sequences at depth 4) parts from the solo outputs after a few tokens there.
 """
 
 from __future__ import annotations
@@ -118,6 +121,10 @@ class BatchEngine:
             params = ContextParams(n_ctx=cfg.n_ctx * n_seq, n_batch=n_batch, n_ubatch=min(cfg.n_ubatch or n_batch, n_batch),
                                    kv_type=cfg.kv_type, n_threads=cfg.n_threads, swa_full=True, n_seq=n_seq)
         self.ctx = Context(target, params)
+        # a prompt part: the one-slot context's microbatch, where the prompt alone is cut
+        self._prompt_part = params.n_batch if n_seq == 1 else \
+            one_sequence_params(cfg, pair.target.sliding_window, deepest, pair.drafter is not None).n_ubatch
+        self._prompt_turn = True
         self._captured: set[int] = set()
         # ``auto`` chooses every round's depths for the whole pass (runtime/tuner/batch.py)
         self.planner = BatchPlanner(pair.drafter.max_draft, pair.drafter.sliding_window) if pair.drafter is not None else None
@@ -266,28 +273,32 @@ class BatchEngine:
         return done
 
     def _plan(self, done: list[Finished]) -> _Round:
-        """Every running sequence's rows: whole blocks first, then prompts in start order take
-        what is left of the batch; in sequence order (llama.cpp groups a microbatch by
-        ascending, consecutive sequence ids)."""
+        """This round's pass: the next part of the earliest prompt, alone, or every decoding
+        sequence's rows (plain steps and verify blocks), in sequence order (llama.cpp groups a
+        microbatch by ascending, consecutive sequence ids). The two take turns while both wait,
+        so a long prompt never stalls the others by more than one part a round.
+
+        A prompt's rows never share a pass: a pass of more than 16 rows computes a row by where
+        it falls in the pass (Q4_K's 4-row tiles against its one-row kernel, an expert's rows
+        grouped across the pass), so a prompt part beside other rows would differ in the last
+        bits from that part alone. Parts are cut where the one-slot engine's microbatches are
+        (``_prompt_part``), so each is the pass the prompt has when it runs alone."""
         rnd = _Round()
         running = [s for s in self.slots if s.run is not None]
-        free = self.ctx.n_batch - sum(len(s.rows.tokens) for s in running if not s.rows.prompt)
-        take: dict[int, int] = {}
-        for s in sorted((s for s in running if s.rows.prompt), key=lambda s: s.started):
-            n = min(len(s.rows.tokens), free)
-            if n == 0 and s.opts.should_stop is not None and s.opts.should_stop():
+        prompts = sorted((s for s in running if s.rows.prompt), key=lambda s: s.started)
+        decoding = [s for s in running if not s.rows.prompt]
+        self._prompt_turn = bool(prompts) and (not decoding or self._prompt_turn)
+        if self._prompt_turn:
+            s = prompts.pop(0)
+            rnd.parts.append((s, s.rows.tokens[:self._prompt_part], s.rows.pos0))
+        else:
+            rnd.parts.extend((s, s.rows.tokens, s.rows.pos0) for s in decoding)
+        self._prompt_turn = not self._prompt_turn  # the other kind goes next
+        for s in prompts:  # waiting this round: a stop asked for ends it now
+            if s.opts.should_stop is not None and s.opts.should_stop():
                 s.run.close()
                 s.forget()
                 done.append(self._end(s, Finished(s.index, s.out, Stats(), "interrupted")))
-                continue
-            take[s.index] = n
-            free -= n
-        for s in running:
-            if s.run is None:
-                continue
-            n = take.get(s.index, len(s.rows.tokens))
-            if n:
-                rnd.parts.append((s, s.rows.tokens[:n], s.rows.pos0))
         return rnd
 
     def _plan_depths(self, rnd: _Round) -> None:

@@ -22,13 +22,21 @@ at a time on today's engine), held at >= 1.8 with every batched output equal to 
 same request has alone on the batched engine (C=1); outputs are also compared with today's
 engine alone. With ``auto`` among ``--depths``, each stream count's batched ``auto`` cell is also
 judged against the best of the fixed depths run (median over median, held at >= 0.97);
-``--separate-depths`` limits the separate engines to the depths a comparison needs. Each
-engine's rounds run in a thread of their own (``in_a_thread``).
+``--separate-depths`` and ``--separate-streams`` limit the separate engines to the cells a
+comparison needs. Each engine's rounds run in a thread of their own (``in_a_thread``).
+
+``--target`` measures another target GGUF (e.g. the XS-width synthetic target that
+``python -m scripts.bench.bench_cost_model --build-only`` writes), with its drafter from
+``--drafter`` or, without one, plain decoding only (every depth 0). Its acceptance line is the
+plain one: the batched cell at C=4, depth 0 over the separate cell at C=1, depth 0, held at >= 2.0
+with every output equal to its output alone. The JSON records the load average before the run and
+after each repetition.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import threading
 import time
@@ -37,7 +45,9 @@ from pathlib import Path
 from scripts.arguments import int_list
 from scripts.recorded import command_line, write_json, write_results
 
-ACCEPTANCE = (4, 4, 1.8)  # streams, depth, aggregate ratio over one at a time
+# streams, depth, the batched aggregate's bar over the same requests one at a time on today's engine
+ACCEPTANCE = (4, 4, 1.8)  # the bundled code pair, speculative
+ACCEPTANCE_PLAIN = (4, 0, 2.0)  # a --target (the XS-width one), plain decoding
 AUTO_BAR = 0.97  # auto's aggregate over the best fixed depth's, at each stream count
 
 
@@ -150,12 +160,35 @@ def auto_verdicts(table: dict, streams, depths) -> dict:
     return out
 
 
+def check_plain_only(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A target without a drafter decodes plainly: any other depth is refused in one line (exit 2),
+    before a model loads."""
+    if args.target is not None and args.drafter is None:
+        deep = [d for d in (*args.depths, *(args.separate_depths or ())) if d != 0]
+        if deep:
+            ap.error(f"--depths/--separate-depths: {','.join(map(str, deep))} needs a drafter (--drafter GGUF); "
+                     "without one, only 0 (plain decoding)")
+    if args.drafter is not None and args.target is None:
+        ap.error("--drafter: needs --target (the bundled code pair has its own drafter)")
+    for flag, path in (("--target", args.target), ("--drafter", args.drafter)):
+        if path is not None and not path.is_file():
+            ap.error(f"{flag}: no file at {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int_list(1, 64), default=(1, 2, 4, 8))
     ap.add_argument("--depths", type=int_list(0, 15, ("auto",)), default=(0, 4))
     ap.add_argument("--separate-depths", type=int_list(0, 15, ("auto",)),
                     help="the depths separate engines run (default: --depths)")
+    ap.add_argument("--separate-streams", type=int_list(1, 64),
+                    help="the stream counts separate engines run (default: --streams)")
+    ap.add_argument("--target", type=Path,
+                    help="a target GGUF instead of the bundled code pair's (e.g. the XS-width synthetic target "
+                         "of scripts.bench.bench_cost_model --build-only); judged on the plain line (4 streams, "
+                         "depth 0, >= 2.0x one at a time)")
+    ap.add_argument("--drafter", type=Path,
+                    help="--target's drafter GGUF; without it, plain decoding only (--depths 0)")
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=96, help="each prompt's first tokens (0: whole)")
@@ -164,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     args = ap.parse_args(argv)
+    check_plain_only(ap, args)
     from rich.console import Console
 
     from laguna_dflash.runtime import assets
@@ -174,21 +208,29 @@ def main(argv: list[str] | None = None) -> int:
     from laguna_dflash.runtime.open_pair import resolve_pair
 
     console = Console(stderr=True)
-    pair = resolve_pair(assets.TINY_TARGET, assets.converted_tiny_drafter())
+    if args.target is None:
+        pair = resolve_pair(assets.TINY_TARGET, assets.converted_tiny_drafter())
+        pair_name, acceptance = "code", ACCEPTANCE
+    else:
+        pair = resolve_pair(args.target, args.drafter)
+        pair_name, acceptance = args.target.name, ACCEPTANCE_PLAIN
     cfg = EngineConfig(n_ctx=1024, n_threads=args.threads, kv_type="f16", prompt_cache=False)
     texts = assets.read_prompts(assets.CODE_PROMPTS)
-    target, drafter = Model(pair.target.path), Model(pair.drafter.path)
+    target = Model(pair.target.path)
+    drafter = Model(pair.drafter.path) if pair.drafter is not None else None
     prompts = [target.tokenize(texts[i % len(texts)])[:args.prompt_tokens or None] for i in range(args.requests)]
     batched = {c: BatchEngine(target, pair, cfg, n_seq=c, drafter_model=drafter) for c in args.streams}
-    separate = [Engine(target, config=cfg, drafter_model=drafter, pair=pair) for _ in range(max(args.streams))]
     separate_depths = args.depths if args.separate_depths is None else args.separate_depths
+    separate_streams = args.streams if args.separate_streams is None else args.separate_streams
+    separate = [Engine(target, config=cfg, drafter_model=drafter, pair=pair) for _ in range(max(separate_streams))]
     cells = [(kind, c, d) for d in args.depths for c in args.streams for kind in ("batched", "separate")
-             if kind == "batched" or d in separate_depths]
+             if kind == "batched" or (d in separate_depths and c in separate_streams)]
     results: dict[str, list[dict]] = {f"{k} c{c} d{d}": [] for k, c, d in cells}
     outputs: dict[str, list[list[int]]] = {}
     differ: dict[str, int] = {}
     meter = CpuMeter()
     before = meter.snapshot()
+    load = {"before": list(os.getloadavg()), "after_each_repetition": []}
     def summarise(done: int):
         """Everything measured so far (``done`` repetitions)."""
         others = meter.others_busy_cores(before, meter.snapshot())
@@ -206,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 if solo_key(ref, d) in outputs:
                     same = sum(a == b for a, b in zip(outputs[key], outputs[solo_key(ref, d)]))
                     equal.setdefault(key, {})[f"equal_to_{ref}_alone"] = f"{same}/{len(prompts)}"
-        c_acc, d_acc, bar = ACCEPTANCE
+        c_acc, d_acc, bar = acceptance
         verdict = None
         if f"batched c{c_acc} d{d_acc}" in table and solo_key("separate", d_acc) in table:
             ratios = [b["aggregate"] / s["aggregate"] for b, s in
@@ -214,13 +256,15 @@ def main(argv: list[str] | None = None) -> int:
             ratio = table[f"batched c{c_acc} d{d_acc}"]["aggregate"]["median"] / \
                 table[solo_key("separate", d_acc)]["aggregate"]["median"]
             exact = equal[f"batched c{c_acc} d{d_acc}"]["equal_to_batched_alone"] == f"{len(prompts)}/{len(prompts)}"
-            verdict = {"ratio_of_medians": ratio, "per_repetition_ratios": ratios, "bar": bar,
+            verdict = {"streams": c_acc, "depth": d_acc, "ratio_of_medians": ratio, "per_repetition_ratios": ratios, "bar": bar,
                        "outputs_equal_alone": exact, "held": ratio >= bar and exact}
         auto = auto_verdicts(table, args.streams, args.depths)
         result = {"command": command_line(__file__, argv), "cpu": cpu_facts(), "threads": args.threads,
                   "requests": args.requests, "n_predict": args.n_predict, "depths": list(args.depths), "prompt_tokens": args.prompt_tokens,
                   "repeats": args.repeats, "repeats_done": done,
-                  "pair": "code", "cache": "f16", "others_busy_cores": others, "cells": table,
+                  "pair": pair_name, "target": Path(pair.target.path).name,
+                  "drafter": Path(pair.drafter.path).name if pair.drafter is not None else None,
+                  "cache": "f16", "others_busy_cores": others, "load_average": load, "cells": table,
                   "aggregate_per_repetition": {k: [r["aggregate"] for r in v] for k, v in results.items()},
                   "outputs": equal, "runs_whose_outputs_changed": differ, "acceptance": verdict,
                   "auto_vs_best_fixed": auto}
@@ -239,10 +283,11 @@ def main(argv: list[str] | None = None) -> int:
             if tokens != outputs[key]:
                 differ[key] = differ.get(key, 0) + 1  # a run whose outputs differ from its first
             console.print(f"rep {rep + 1}/{args.repeats} {key}: {summary['aggregate']:.0f} tok/s")
+        load["after_each_repetition"].append(list(os.getloadavg()))
         if args.json and rep + 1 < args.repeats:  # what a run stopped at its time limit leaves
             write_json(args.json, summarise(rep + 1)[0])
     result, table, equal, verdict, auto, others = summarise(args.repeats)
-    c_acc, d_acc, bar = ACCEPTANCE
+    c_acc, d_acc, bar = acceptance
     warning = busy_warning(others)
     if warning:
         console.print(warning)
@@ -263,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         e.close()
     for e in separate:
         e.close()
-    drafter.close()
+    if drafter is not None:
+        drafter.close()
     target.close()
     return 0
 
@@ -298,7 +344,8 @@ def plot(result: dict, png: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     cpu = result["cpu"]
-    fig.suptitle(f"bundled code pair, -t {result['threads']}, {result['requests']} x {result['n_predict']} tokens, "
+    what = "bundled code pair" if result["pair"] == "code" else result["target"]
+    fig.suptitle(f"{what}, -t {result['threads']}, {result['requests']} x {result['n_predict']} tokens, "
                  f"{cpu['model']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=110)

@@ -314,3 +314,17 @@ def write_target_gguf(
     w.write_ti_data_to_file()
     w.close()
     return path
+
+
+def built_xs_q4_K_M(layers: int = 5) -> tuple[Path, Path] | None:
+    """The cost-model harness's synthetic XS-width Q4_K_M target of ``layers`` layers (5 or 2,
+    random routing) and its random drafter, where they are built
+    (``python -m scripts.bench.bench_cost_model --build-only``, a few GB); None otherwise."""
+    import os
+
+    root = Path(os.environ.get("LAGUNA_DFLASH_CACHE", Path.home() / ".cache" / "laguna-dflash")) / "costmodel"
+    for d in sorted(root.glob("*")):
+        target, drafter = d / f"laguna-xs-shapes-L{layers}-Q4_K_M.gguf", d / "laguna-xs-dflash-random-Q8_0.gguf"
+        if target.exists() and drafter.exists():
+            return target, drafter
+    return None
