@@ -129,6 +129,7 @@ class BatchEngine:
         # ``auto`` chooses every round's depths for the whole pass (runtime/tuner/batch.py)
         self.planner = BatchPlanner(pair.drafter.max_draft, pair.drafter.sliding_window) if pair.drafter is not None else None
         self._t_pass = 0.0  # when the last pass's decode ended: a pass is timed from there to its own end
+        self._after_prompt = False  # whether the last pass was a prompt's
         self._order = itertools.count()
         self.slots: list[_Slot] = []
         try:
@@ -302,28 +303,24 @@ class BatchEngine:
         return rnd
 
     def _plan_depths(self, rnd: _Round) -> None:
-        """Tell the planner how long the pass it planned took (from the end of the last decode:
-        the sequences' acceptance, their drafts, this decode) and plan the next one, for the
-        ``auto`` sequences that will decode rows in it, before they choose their depths."""
+        """Tell the planner how long the pass it planned took and plan the next decoding pass:
+        its ``auto`` sequences are every decoding one and a prompt that ends in this pass, planned
+        before those that choose now choose their depths. A pass is timed from the end of the
+        last decode to its own end (the sequences' acceptance, their drafts, this decode), but
+        not a prompt's pass, nor the decoding pass after one (its sequences drafted before the
+        prompt's pass, outside its time)."""
         now = time.perf_counter()
-        decoded: dict[int, int] = {}
-        other_rows, prefill, participants, fixed_rows = 0, False, [], 0
-        for s, tokens, _ in rnd.parts:
-            if s.rows.prompt:
-                prefill = True
-            elif s.auto:
-                decoded[s.index] = len(tokens) - 1
-            else:
-                other_rows += len(tokens)
-            if s.rows.prompt and len(tokens) < len(s.rows.tokens):
-                continue  # still prefilling next round
-            if s.auto:
-                participants.append(s)
-            else:
-                fixed_rows += 1 + (s.opts.n_max if s.drafter is not None and isinstance(s.opts.n_max, int) else 0)
-        self.planner.observe(decoded, other_rows, now - self._t_pass, timed=not prefill)
-        self._t_pass = now
-        context = sum(pos0 + len(tokens) for s, tokens, pos0 in rnd.parts if s in participants)
+        prefill = any(s.rows.prompt for s, _, _ in rnd.parts)
+        decoded = {s.index: len(tokens) - 1 for s, tokens, _ in rnd.parts if not s.rows.prompt and s.auto}
+        other_rows = sum(len(tokens) for s, tokens, _ in rnd.parts if not s.rows.prompt and not s.auto)
+        self.planner.observe(decoded, other_rows, now - self._t_pass, timed=not (prefill or self._after_prompt))
+        self._t_pass, self._after_prompt = now, prefill
+        ending = {s.index for s, tokens, _ in rnd.parts if s.rows.prompt and len(tokens) == len(s.rows.tokens)}
+        next_pass = [s for s in self.slots if s.run is not None and (not s.rows.prompt or s.index in ending)]
+        participants = [s for s in next_pass if s.auto]
+        fixed_rows = sum(1 + (s.opts.n_max if s.drafter is not None and isinstance(s.opts.n_max, int) else 0)
+                         for s in next_pass if not s.auto)
+        context = sum(s.rows.pos0 + len(s.rows.tokens) for s in participants)
         self.planner.plan([s.index for s in participants], fixed_rows, context)
 
     def _switch_capture(self, rnd: _Round) -> None:

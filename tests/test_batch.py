@@ -183,6 +183,33 @@ def test_auto_sequences_take_their_depths_from_one_plan_of_the_pass(pair):
         assert sum(r.stats.rounds for r in out) >= 4 * pd.rounds
 
 
+def test_a_prompt_that_ends_joins_one_plan_with_the_decoding_sequences(pair, monkeypatch):
+    """A prompt's pass holds that prompt alone; the plan made after it is for the next decoding
+    pass, where the prompt's sequence joins those already decoding: one plan for all of them (a
+    plan for the prompt's sequence alone gave it the depths of a one-sequence pass), and that
+    pass is not timed (its other sequences drafted before the prompt's pass)."""
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=3) as engine:
+        plans, observed = [], []
+        real_plan, real_observe = engine.planner.plan, engine.planner.observe
+        monkeypatch.setattr(engine.planner, "plan", lambda ids, rows, ctx: plans.append(list(ids)) or real_plan(ids, rows, ctx))
+        monkeypatch.setattr(engine.planner, "observe", lambda d, rows, t, timed=True: observed.append((sorted(d), timed))
+                            or real_observe(d, rows, t, timed))
+        opts = GenerateOptions(n_predict=40, n_max="auto")
+        engine.start(0, PROMPTS[0][:80], opts)
+        engine.start(1, PROMPTS[1][:80], opts)
+        for _ in range(6):
+            engine.step()
+        assert engine.slots[0].state == engine.slots[1].state == "decoding"
+        engine.start(2, PROMPTS[2][:80], opts)
+        n = len(plans)
+        engine.step()  # the prompt's pass (a decoding pass went last)
+        assert plans[n] == [0, 1, 2] and observed[-1] == ([], False)
+        engine.step()  # all three decode
+        assert observed[-1] == ([0, 1, 2], False)
+        engine.step()
+        assert observed[-1] == ([0, 1, 2], True)
+
+
 @pytest.mark.skipif(built_xs_q4_K_M(2) is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
 def test_q4_K_M_prompts_beside_other_sequences_equal_their_solo_outputs():
     """Where a pass of more than 16 rows computes a row by where it falls in the pass (Q4_K's
