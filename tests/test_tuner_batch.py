@@ -6,7 +6,9 @@ The pass clock is the calm recording's (tests/fixtures/recordings/replay-calm.js
 step 2.78 ms and each depth about 0.65 ms more, split as a target pass of 2.12 ms plus 0.52 ms a
 row, a drafter pass of 0.23 ms plus 0.14 ms a draft, 0.14 ms of host work per sequence (the
 drafter and host parts from tests/test_tuner_context.py's measurements), with the recorded
-noise and its depth-change cost: one more sequence in a pass costs what one more verify row does.
+noise and its depth-change cost: one more sequence in a pass costs what one more verify row does,
+and a pass runs one microbatch, paying the target pass's fixed part, per distinct row count
+among its sequences (a KV stream per sequence: helpers.depth_replay.PassClock).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 
 from helpers.depth_replay import RECORDED, PassClock, Recording, prompt_order, replay_batch
 from laguna_dflash.runtime.tuner import AutoDepth, FixedDepth
-from laguna_dflash.runtime.tuner.batch import BatchPlanner, allocate, marginals
+from laguna_dflash.runtime.tuner.batch import BatchPlanner
 
 CLOCK = PassClock(pass_s=2.12e-3, row_s=0.52e-3, draft_s=0.23e-3, draft_row_s=0.14e-3, host_s=0.14e-3,
                   depth_change_s=0.7e-3)
@@ -62,18 +64,6 @@ def best_fixed(mix: str, seed: int) -> float:
                             seed).tokens_per_s for k in range(rec.max_depth + 1))
 
 
-def test_drafts_go_where_they_add_most():
-    good, poor = [0.9] * 6, [0.3] * 6
-    per_slot = [marginals(good), marginals(poor)]
-    assert marginals([0.5, 0.5]) == [0.5, 0.25]
-    assert allocate(per_slot, 0) == [0, 0]
-    assert allocate(per_slot, 4) == [4, 0]  # 0.9**4 = 0.66 > 0.3
-    assert allocate(per_slot, 7) == [6, 1]
-    assert sum(allocate(per_slot, 9)) == 9
-    # equal sequences share the drafts evenly
-    assert allocate([marginals(good)] * 3, 6) == [2, 2, 2]
-
-
 def test_one_sequence_plans_as_its_own_tuner_does():
     """With one sequence the pass is its round: the planner's choices are AutoDepth's, round by round."""
     rec = recording()
@@ -87,17 +77,19 @@ def test_one_sequence_plans_as_its_own_tuner_does():
 
 def test_a_pass_is_timed_only_as_planned():
     planner = BatchPlanner(max_depth=4)
-    planner.plan([2, 0], other_rows=0, context=200)
+    assert planner.plan([2, 0], other_rows=0, context=200) == [2, 2]  # the first probe, for both
     pd = planner.current
-    assert set(planner.passes) == {(2, 0)} and pd.max_depth == 8
-    planner.observe({0: 4, 1: 2}, 0, 0.01)  # other sequences than planned
+    assert set(planner.passes) == {(2, 0)} and pd.max_depth == 4
+    planner.observe({0: 2, 1: 2}, 0, 0.01)  # other sequences than planned
     planner.plan([0, 2], 0, 200)
     planner.observe({0: 2, 2: 2}, 0, 0.01, timed=False)  # it prefilled a prompt too
+    planner.plan([0, 2], 0, 200)
+    planner.observe({0: 2, 2: 1}, 0, 0.01)  # one sequence cut its depth at its end: two microbatches
     assert pd.rounds == 0 and not pd.costs.cost
     for _ in range(pd.probe_rounds):  # the first round of a probe is untimed (graph rebuilds)
-        planner.plan([0, 2], 0, 200)
-        planner.observe({0: 2, 2: 1}, 0, 0.01)  # one sequence cut its depth at its end: timed at 3
-    assert pd.rounds == pd.probe_rounds and pd.costs.medians() == {3: 0.01}
+        assert planner.plan([0, 2], 0, 200) == [2, 2]
+        planner.observe({0: 2, 2: 2}, 0, 0.01)
+    assert pd.rounds == pd.probe_rounds and pd.costs.medians() == {2: 0.01}
     planner.plan([0, 2], other_rows=5, context=200)  # a fixed-depth sequence beside them: another pass
     assert planner.current is not pd and set(planner.passes) == {(2, 0), (2, 5)}
 
@@ -111,18 +103,20 @@ def test_planning_the_pass_beats_each_sequence_planning_alone(mix):
     assert statistics.mean(gains) >= 1.04, gains
 
 
-@pytest.mark.parametrize("mix,bound", [("code", 0.95), ("code+degraded", 1.0), ("four kinds", 1.0)])
+@pytest.mark.parametrize("mix,bound", [("code", 0.95), ("code+degraded", 0.97), ("four kinds", 0.95)])
 def test_planning_the_pass_keeps_up_with_the_best_fixed_depth(mix, bound):
-    """On like sequences within 5% of the best depth all of them play; on mixed ones ahead of any
-    such depth, as the drafts go to the sequences that accept them."""
+    """Within a few percent of the best depth all of them play, on like and on mixed sequences.
+    With drafts given to the sequences that accepted most (so depths unequal within a pass, each
+    distinct depth a microbatch of its own) this was 0.83, 0.93 and 0.93."""
     vs = [planned(mix, s).tokens_per_s / best_fixed(mix, s) for s in range(SEEDS)]
     assert statistics.mean(vs) >= bound, vs
     assert min(vs) >= bound - 0.07, vs
 
 
-def test_sequences_that_accept_more_get_more_drafts():
-    r = planned("code+degraded", 0)
-    late = r.depths[len(r.depths) // 3:]
-    code = sum(d[0] + d[2] for d in late)
-    degraded = sum(d[1] + d[3] for d in late)
-    assert code > 2 * degraded, (code, degraded)
+def test_every_sequence_of_a_pass_drafts_one_depth():
+    """One microbatch a pass, also beside sequences that accept little: a round's depths differ
+    only where a sequence's depth was cut at the end of its output."""
+    r = planned("four kinds", 0)
+    drafting = [d for d in r.depths if max(d) > 0]
+    uneven = [d for d in drafting if len(set(d)) > 1]
+    assert len(drafting) > 50 and len(uneven) < 0.1 * len(drafting), (len(uneven), len(drafting))

@@ -5,68 +5,50 @@ rows, every drafting slot's drafter pass, every slot's host work. A sequence tha
 depth against that time would count the others' rows as its own cost and not its rows as theirs:
 each extra draft row of one sequence slows all of them, which its own tokens per second do not
 see, so each drafts deeper than is best for the pass (and every change of another sequence's
-depth moves its samples). The planner instead chooses the pass: how many drafts ``K`` the
-participating sequences get in all, from the wall time of whole passes (:class:`PassDepth`, the
-:class:`AutoDepth` rules over ``K``) and from each sequence's own acceptance, and which sequences
-get them (the ``K`` drafts of greatest expected yield, :func:`allocate`).
+depth moves its samples). The planner instead chooses the pass, from the wall time of whole
+passes and each sequence's own acceptance (:class:`PassDepth`, the :class:`AutoDepth` rules).
+
+Every sequence of a pass drafts the same depth. Each sequence has its own KV stream, and llama.cpp
+then puts the same number of rows of each sequence in a microbatch: sequences of different row
+counts split the pass into one microbatch per distinct count, each a whole pass over the weights
+(measured on the code pair at 4 sequences, ``-t 2``: depths 2, 2, 4, 8 took 22 ms a round, depths
+4, 4, 4, 4 took 14), which costs more than giving the drafts to the sequences that accept most
+gains. So a plan is one depth ``d`` for all its sequences, chosen by expected tokens (the sum of
+theirs) per second of a pass at ``d``.
 
     planner = BatchPlanner(max_depth=15, window=512)
     policy = planner.slot(0)               # each sequence's DepthPolicy (runtime/rounds.py asks it)
     planner.plan([0, 1, 2, 3], other_rows=0, context=1800)   # before the sequences choose
     ... the sequences choose, draft; one target decode ...
-    planner.observe({0: 4, 1: 4, 2: 0, 3: 2}, other_rows=0, seconds=0.012, timed=True)
+    planner.observe({0: 4, 1: 4, 2: 4, 3: 4}, other_rows=0, seconds=0.012, timed=True)
 
 A pass is keyed by its participants' count and the rows other sequences (fixed depths) add:
-its costs do not carry over to a pass of other width. A pass that also prefilled a prompt, or
-whose sequences were not those planned, is not timed.
+its costs do not carry over to a pass of other width. A pass that also prefilled a prompt, whose
+sequences were not those planned, or where a sequence cut its depth at its end, is not timed.
 """
 
 from __future__ import annotations
 
 from .acceptance import AcceptanceModel
-from .policy import EXPLOIT_REACH, AutoDepth, DepthPolicy
-
-
-def marginals(estimates: list[float]) -> list[float]:
-    """Expected tokens each further draft adds, from a sequence's acceptance per position."""
-    out, p = [], 1.0
-    for a in estimates:
-        p *= a
-        out.append(p)
-    return out
-
-
-def allocate(per_slot: list[list[float]], total: int) -> list[int]:
-    """Depths summing to ``total`` that maximise the expected tokens: each draft goes where it
-    adds most. A sequence's marginals never rise with depth (acceptance is a product), so the
-    ``total`` largest of them all take a leading run of each sequence's."""
-    ranked = sorted(((m, i, j) for i, ms in enumerate(per_slot) for j, m in enumerate(ms)),
-                    key=lambda x: (-x[0], x[2], x[1]))
-    depths = [0] * len(per_slot)
-    for _, i, _ in ranked[:total]:
-        depths[i] += 1
-    return depths
+from .policy import AutoDepth, DepthPolicy
 
 
 class PassAcceptance:
-    """The acceptance view :class:`AutoDepth` reads, over a pass's total drafts: the expected
-    tokens of ``K`` drafts are each sequence's bonus token plus the K largest marginals."""
+    """The acceptance view :class:`AutoDepth` reads, over the depth every sequence of a pass
+    drafts: the expected tokens at depth ``d`` are the sum of each sequence's own."""
 
     def __init__(self, max_depth: int) -> None:
-        self.max_depth = max_depth  # per sequence
+        self.max_depth = max_depth
         self.slots: list[SlotDepth] = []
 
     def observe(self, depth: int, accepted: int) -> None:
         """Each sequence observes its own round (SlotDepth.observe)."""
 
-    def _per_slot(self, z: float) -> list[list[float]]:
-        return [marginals(s.accept.estimates(z)) for s in self.slots]
-
     def expected_tokens(self, z: float = 0.0) -> list[float]:
-        flat = sorted((m for ms in self._per_slot(z) for m in ms), reverse=True)
-        out = [float(len(self.slots))]
-        for m in flat:
-            out.append(out[-1] + m)
+        out = [0.0] * (self.max_depth + 1)
+        for s in self.slots:
+            for d, e in enumerate(s.accept.expected_tokens(z)):
+                out[d] += e
         return out
 
     def estimates(self, z: float = 0.0) -> list[float]:
@@ -81,18 +63,13 @@ class PassAcceptance:
         for s in self.slots:
             s.accept.forget_unseen(s.rounds)
 
-    def split(self, total: int) -> list[int]:
-        return allocate(self._per_slot(0.0), total)
-
 
 class PassDepth(AutoDepth):
-    """:class:`AutoDepth` over the total drafts of a pass of ``n`` sequences: its probes,
-    exploring steps and reach scaled by ``n`` (one draft more or less per sequence)."""
+    """:class:`AutoDepth` over the depth every sequence of a pass of ``n`` drafts."""
 
     def __init__(self, n: int, max_depth: int, window: int = 0) -> None:
-        super().__init__(n * max_depth, probe=(2 * n, 4 * n, 0), window=window,
-                         explore_turns=tuple(None if t is None else t * n for t in (1, -1, 1, -1, 2, -1, None)))
-        self.reach = n * EXPLOIT_REACH
+        super().__init__(max_depth, window=window)
+        self.n = n
         self.accept = PassAcceptance(max_depth)
 
 
@@ -144,9 +121,6 @@ class BatchPlanner:
         self.current: PassDepth | None = None
         self._planned: tuple[tuple[int, ...], int] | None = None
         self.last_total = 0
-        self._split: list[int] = []
-        self._split_key: tuple | None = None
-        self._split_due = 0
 
     def slot(self, index: int) -> SlotDepth:
         if index not in self._slots:
@@ -167,28 +141,22 @@ class BatchPlanner:
         slots = [self.slot(i) for i in participants]
         pd.accept.slots = slots
         pd.context(context)
-        total = pd.choose()
-        # the split follows acceptance, which moves slowly: redone at a refit's pace, or at once
-        # when the total or the participants change
-        split_key = (total, tuple(participants))
-        if split_key != self._split_key or pd.rounds >= self._split_due:
-            self._split = pd.accept.split(total)
-            self._split_key, self._split_due = split_key, pd.rounds + pd.refit_every
-        depths = self._split
-        for s, d in zip(slots, depths):
-            s.planned = d
-        self.current, self.last_total = pd, total
+        depth = pd.choose()
+        for s in slots:
+            s.planned = depth
+        self.current, self.last_total = pd, depth * len(slots)
         self._planned = (tuple(participants), other_rows)
-        return depths
+        return [depth] * len(slots)
 
     def observe(self, depths: dict[int, int], other_rows: int, seconds: float, timed: bool = True) -> None:
         """The pass of the last plan ran: ``depths`` per participating sequence as decoded (a
         sequence may cut its depth at its end), in ``seconds`` of wall time. A pass of other
-        participants than planned, or ``timed`` False (it prefilled too), says nothing of costs."""
+        participants than planned, ``timed`` False (it prefilled too), or of unequal depths (it
+        ran in several microbatches) says nothing of costs."""
         pd, planned = self.current, self._planned
         if pd is None or planned is None:
             return
         self._planned = None
-        if not timed or (tuple(sorted(depths)), other_rows) != planned:
+        if not timed or (tuple(sorted(depths)), other_rows) != planned or len(set(depths.values())) > 1:
             return
-        pd.observe(sum(depths.values()), 0, seconds)
+        pd.observe(next(iter(depths.values())), 0, seconds)
