@@ -1,13 +1,14 @@
 """Weight matmuls of a few-row verify pass compute each row as a one-row step does (issue 21).
 
-Patches 0011 and 0012 give the vendored ggml CPU backend kernels that take the few rows of a
+Patches 0011-0014 give the vendored ggml CPU backend kernels that take the few rows of a
 speculative verify pass (up to 16) against a quantized weight at once, sharing the work on the
 weights between the rows: Q4_K in the repacked 8x8 layout (dense ``mul_mat`` and the experts'
-``mul_mat_id``) and plain Q6_K (dense). Each is written to perform, per row, the operations of
-the unchanged one-row kernel in the same order, so the claim tested here is exact: every row of
-an n-row product is bit-identical to that row computed alone (which runs the one-row kernel).
-Without the patches the Q4_K rows of 4 or more (4-row gemm tiles, another summation order) and
-the Q6_K rows of 8 or more (the tiled K-quant path) differ in the last bits.
+``mul_mat_id``), plain Q6_K (dense, where Q6_K is not repacked) and, on x86 with AVX2, Q6_K in
+the repacked 8x8 layout, whose rows kernel takes every pass, a prompt's too, in groups of 16.
+Each computes, per row, what the one-row kernel computes, so the claim tested here is exact:
+every row of an n-row product is bit-identical to that row computed alone (which runs the
+one-row kernel). Without the patches the Q4_K rows of 4 or more (4-row gemm tiles, another
+summation order) and the Q6_K rows of 8 or more (the tiled K-quant path) differ in the last bits.
 
 The last test runs the engine on the cost-model harness's XS-width Q4_K_M target where it is
 built. Widths of the kernel test: XS's input widths (2048 into the attention and shared expert, 8192 into attn_output and
@@ -30,6 +31,7 @@ SHAPES = [
     kw.WeightShape("dense-q6_K-8192", "q6_K", 8192, 128),
     kw.WeightShape("experts-q4_K-2048", "q4_K", 2048, 256, 16, 4),
     kw.WeightShape("experts-q4_K-512", "q4_K", 512, 512, 16, 4),
+    kw.WeightShape("experts-q6_K-512", "q6_K", 512, 512, 16, 4),
 ]
 #: 2..5: verify passes at depths 1..4; 8, 9, 16: a full 4-row tile and more, the largest block
 ROWS = (2, 3, 4, 5, 8, 9, 16)
@@ -77,8 +79,57 @@ def test_repacked_q4_K_products_at_the_quants_extremes_are_exact(backend, shape)
             f"{shape.name}, {rows} rows: {np.unique(got)} instead of {want}"
 
 
-def test_the_q4_K_weights_are_repacked(backend):
-    """The Q4_K cases above test the repacked kernels only if the weights go to CPU_REPACK."""
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s.type == "q6_K"], ids=lambda s: s.name)
+@pytest.mark.parametrize("quant, scale", [(63, 127), (0, -128)], ids=["top", "bottom"])
+def test_repacked_q6_K_products_at_the_quants_extremes_are_exact(backend, shape, quant, scale):
+    """The repacked Q6_K kernels keep the quants unsigned (0..63) and take the offset of 32 out
+    through the activations' block sums, all in int32 lanes. At the extremes (every quant 63 with
+    scales 127, or every quant 0 with scales -128; every activation quantized to -128) the
+    integer sums are the largest they can be, and the product is exact in float32:
+    n_in * scale * (quant - 32) * x."""
+    # block_q6_K: 128 bytes of low 4 bits, 64 bytes of high 2 bits, 16 int8 scales, fp16 d = 1
+    fill = b"\xff" if quant == 63 else b"\x00"
+    block = fill * 128 + fill * 64 + np.full(16, scale, np.int8).tobytes() + np.array([1.0], np.float16).tobytes()
+    raw = block * (shape.n_in // 256 * shape.n_out)
+    prod = kw.Product(backend, shape, raw=raw)
+    for rows in (1, 2, 5, 16, 17):
+        x_row = np.array([-(2.0 ** (r % 5)) for r in range(rows)], np.float32)
+        x = np.repeat(x_row[:, None], shape.n_in, axis=1)
+        ids = None
+        if shape.n_expert:
+            ids = np.stack([np.arange(r, r + shape.n_used) % shape.n_expert for r in range(rows)]).astype(np.int32)
+        out, _ = prod.run(x, ids)
+        want = shape.n_in * scale * (quant - 32) * x_row
+        got = out.reshape(rows, -1)
+        assert np.array_equal(got, np.repeat(want[:, None], got.shape[1], axis=1)), \
+            f"{shape.name}, {rows} rows: {np.unique(got)} instead of {want}"
+
+
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s.type in kw.REPACKED_X86], ids=lambda s: s.name)
+def test_repacked_products_match_the_plain_layout(backend, shape):
+    """The repacked kernels compute what ggml's plain dot products compute, up to the order of
+    float sums: the same quantized weights in a plain CPU buffer give the same product."""
+    repacked, plain = kw.Product(backend, shape, seed=3), kw.Product(backend, shape, seed=3, repack=False)
+    for rows in (1, 3, 16, 40):
+        x, ids = repacked.inputs(rows, seed=rows)
+        got, _ = repacked.run(x, ids)
+        want, _ = plain.run(x, ids)
+        scale = float(np.abs(want).max())
+        assert np.abs(got - want).max() <= 1e-5 * scale, (shape.name, rows, float(np.abs(got - want).max()), scale)
+
+
+def test_a_q6_K_prompt_pass_computes_each_row_as_alone(backend):
+    """Passes of more than 16 rows (a prompt) over repacked Q6_K weights take the multi-row
+    kernel in groups of 16 (x86 has no AVX2 gemm tiles for Q6_K), so their rows too are the rows
+    alone."""
+    prod = kw.Product(backend, kw.WeightShape("dense-q6_K-2048", "q6_K", 2048, 256))
+    for rows in (17, 40):
+        bad, worst = prod.row_mismatches(rows, seed=rows)
+        assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
+
+
+def test_the_q4_K_and_q6_K_weights_are_repacked(backend):
+    """The Q4_K and Q6_K cases above test the repacked kernels only if the weights go to CPU_REPACK."""
     assert backend.repack_buft is not None
 
 
