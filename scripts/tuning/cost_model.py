@@ -41,6 +41,13 @@ first layer). Combined with a per-position acceptance model fitted to published 
 it predicts the speed-up per depth:
 ``E[k] · (T40(1) + host0) / (t_draft(k) + T40(k+1) + E t_inject(a) + host(k))``.
 
+With ``--ik-bench`` (ik_llama.cpp's ``llama-bench``) it also times ik's plain step on the same
+target files in the same run: in every repeat, for each routing, before or after our passes (at
+random), ``llama-bench -gp CONTEXT,1`` on the 2- and 5-layer targets (one generated token after a
+``--context``-token prompt, so its KV cache holds what ours holds; ``--ik-args``, default
+``-rtr 1``), extrapolated to 40 layers the same way. The prediction against it is ours in tokens
+per second over ik's plain step: ``E[k] / round cost`` against ``1 / T40_ik(1)``.
+
 Writes a JSON of everything (``--json``) and a chart (``--png``); prints the tables.
 """
 
@@ -53,8 +60,10 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -501,6 +510,9 @@ class Bench:
         self.ctxs: dict[int, object] = {}
         self.drafter = None
         self.record = False
+        self.peer = str(args.ik_bench) if getattr(args, "ik_bench", None) else None
+        self.peer_build: str | None = None
+        self.loadavg: list[list[float]] = []
 
     # -- loading
 
@@ -597,6 +609,25 @@ class Bench:
         self.drafter.ctx.seq_rm(self.P, -1)
         return dt
 
+    def time_peer(self, routing: str) -> float:
+        """ik_llama.cpp's plain step on this routing's 2- and 5-layer targets (one llama-bench run,
+        the files in a random order); returns its 40-layer extrapolation from the run's medians."""
+        paths = {n: str(self.art.targets[(routing, n)]) for n in VARIANTS}
+        order = list(VARIANTS)
+        random.shuffle(order)
+        cmd = peer_command(self.peer, [paths[n] for n in order], self.threads, self.args.ik_reps,
+                           self.P, shlex.split(self.args.ik_args))
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{shlex.join(cmd)} failed:\n{r.stderr[-2000:]}")
+        report = json.loads(r.stdout)
+        steps = peer_step_samples(report)
+        self.peer_build = report[0].get("build_commit", self.peer_build)
+        for n in VARIANTS:
+            for x in steps[paths[n]]:
+                self._add(f"peer:{routing}:{n}", x)
+        return extrapolate(*(median(steps[paths[n]]) for n in VARIANTS))["t40"]
+
     # -- items
 
     def items(self, routing: str) -> list[tuple]:
@@ -606,7 +637,8 @@ class Bench:
         return its
 
     def n_items(self) -> int:
-        return sum(len(self.items(r)) for r in ROUTINGS)
+        """Progress steps per repeat: our items, and one peer run per routing."""
+        return sum(len(self.items(r)) for r in ROUTINGS) + (len(ROUTINGS) if self.peer else 0)
 
     def run_item(self, routing: str, item: tuple) -> None:
         what, k = item
@@ -637,6 +669,11 @@ class Bench:
         routings = list(ROUTINGS)
         random.shuffle(routings)
         for routing in routings:
+            # the peer runs while none of our models is loaded, before or after our passes
+            peer_first = bool(self.peer) and random.random() < 0.5
+            if peer_first:
+                peer_t40 = self.peer_step(routing, on_done, on_phase)
+            ours_from = len(self.samples.get(f"decode40:{routing}", []))
             if on_phase:
                 on_phase(f"{routing} routing")
             self.open(routing)
@@ -658,6 +695,21 @@ class Bench:
                     self.engine_pass(self.models[N_LAYERS_BUILT], on_done)
             finally:
                 self.close()
+            if self.peer and not peer_first:
+                peer_t40 = self.peer_step(routing, on_done, on_phase)
+            if self.peer and record:  # this repeat's plain steps, ours over the peer's, side by side
+                ours = median(self.samples[f"decode40:{routing}"][ours_from:])
+                self._add(f"peer_decode40:{routing}", peer_t40)
+                self._add(f"ratio:decode_over_peer:{routing}", ours / peer_t40)
+        self.loadavg.append(list(os.getloadavg()))
+
+    def peer_step(self, routing: str, on_done=None, on_phase=None) -> float:
+        if on_phase:
+            on_phase(f"ik_llama.cpp, {routing} routing")
+        t40 = self.time_peer(routing)
+        if on_done:
+            on_done()
+        return t40
 
     # -- the engine: host overhead per round
 
@@ -777,6 +829,33 @@ def extrapolate(t2: float, t5: float) -> dict[str, float]:
     return {"c": c, "m": m, "t40": c + REAL_MOE_LAYERS * m}
 
 
+def peer_command(binary: str, models: list[str], threads: int, reps: int, context: int,
+                 extra: list[str]) -> list[str]:
+    """llama-bench timing a plain step of each model: one token generated after a ``context``-token
+    prompt (``-gp``: only the generated token is timed), or a one-token prompt at an empty cache
+    for ``context`` 0."""
+    test = ["-p", "0", "-n", "0", "-gp", f"{context},1"] if context else ["-p", "1", "-n", "0"]
+    return [binary, *(a for m in models for a in ("-m", m)), *test, "-t", str(threads), "-r", str(reps),
+            "-o", "json", *extra]
+
+
+def peer_step_samples(report: list[dict]) -> dict[str, list[float]]:
+    """Seconds per plain step by model file, from llama-bench's JSON report."""
+    out: dict[str, list[float]] = {}
+    for test in report:
+        steps = int(test.get("n_gen") or 0) or int(test["n_prompt"])
+        if steps != 1:
+            raise ValueError(f"{test['model_filename']}: a test of {steps} tokens, not one plain step")
+        out.setdefault(test["model_filename"], []).extend(ns / 1e9 for ns in test["samples_ns"])
+    return out
+
+
+def versus_peer(tokens_per_round: float, cost_over_decode: float, decode_over_peer: float) -> float:
+    """Our tokens per second over the peer's plain decoding: ``tokens_per_round`` per round of
+    ``cost_over_decode`` of our decode steps, each ``decode_over_peer`` of the peer's step."""
+    return tokens_per_round / (cost_over_decode * decode_over_peer)
+
+
 def iqr(xs) -> list[float]:
     return [float(np.percentile(xs, 25)), float(np.percentile(xs, 75))] if len(xs) else [float("nan")] * 2
 
@@ -839,6 +918,9 @@ def analyse(samples: dict[str, list[float]]) -> dict:
                 e = expected_tokens(a, k)
                 by_depth[k] = {"tokens_per_round": e, "cost_over_decode": cost,
                                "speedup": e * (1 + h0) / cost, "speedup_no_host": e / compute}
+                if k in MEASURED_DEPTHS:  # the verify ratio's IQR over the repeats, carried through
+                    lo, hi = iqr(samples[f"ratio:verify:{routing}:{k}"])
+                    by_depth[k]["speedup_iqr"] = [e * (1 + h0) / (cost - verify_r(k) + v) for v in (hi, lo)]
             predictions[name] = by_depth
 
         implied = {}  # the tokens per round ik_llama.cpp's CPU speed-ups would need under these costs
@@ -863,7 +945,42 @@ def analyse(samples: dict[str, list[float]]) -> dict:
             "predictions": predictions,
             "ik_tokens_per_round_needed": implied,
         }
+        if f"peer:{routing}:{N_LAYERS_BUILT}" in med:
+            out["routing"][routing]["peer"] = against_peer(samples, routing, dec, h0, predictions)
     return out
+
+
+def against_peer(samples: dict[str, list[float]], routing: str, dec: float, h0: float, predictions: dict) -> dict:
+    """Our predicted tokens per second over the peer's plain decoding, per acceptance model and
+    depth (0: our plain decoding); the spread carries the IQR of the per-repeat ratio of the two
+    plain steps (ours: the median of the repeat's items; the peer's: its run in that repeat)."""
+    med = {k: median(v) for k, v in samples.items()}
+    peer = extrapolate(*(med[f"peer:{routing}:{n}"] for n in VARIANTS))
+    r = dec / peer["t40"]
+    lo, hi = iqr(samples.get(f"ratio:decode_over_peer:{routing}", []))
+    x_peer = {}
+    for name, by_depth in predictions.items():
+        row = {0: {"x_peer": versus_peer(1.0, 1 + h0, r),
+                   "x_peer_iqr": [versus_peer(1.0, 1 + h0, q) for q in (hi, lo)]}}
+        for k, p in by_depth.items():
+            row[k] = {"x_peer": versus_peer(p["tokens_per_round"], p["cost_over_decode"], r),
+                      "x_peer_iqr": [versus_peer(p["tokens_per_round"], p["cost_over_decode"], q) for q in (hi, lo)],
+                      "tokens_per_s": p["tokens_per_round"] / (p["cost_over_decode"] * dec)}
+        x_peer[name] = row
+    return {
+        "per_layer_s": peer,
+        "decode40_ms": 1e3 * peer["t40"],
+        "decode40_iqr_ms": [1e3 * x for x in iqr(samples.get(f"peer_decode40:{routing}", []))],
+        "tokens_per_s": 1 / peer["t40"],
+        "ours_plain_tokens_per_s": 1 / (dec * (1 + h0)),
+        "decode_over_peer": r,
+        "decode_over_peer_iqr": [lo, hi],
+        "L5_one_row_ms": {"ours": 1e3 * med[f"target:{routing}:{N_LAYERS_BUILT}:1"],
+                          "peer": 1e3 * med[f"peer:{routing}:{N_LAYERS_BUILT}"]},
+        "L2_one_row_ms": {"ours": 1e3 * med[f"target:{routing}:{VARIANTS[0]}:1"],
+                          "peer": 1e3 * med[f"peer:{routing}:{VARIANTS[0]}"]},
+        "predictions": x_peer,
+    }
 
 
 # ----------------------------------------------------------------------------- report
@@ -925,6 +1042,36 @@ def print_tables(res: dict) -> None:
         if ik(k) in IK_CPU else "" for k in MEASURED_DEPTHS))
     console.print(t)
     console.print("ik_llama.cpp's n_max 16 is shown at k = 15 (a block of 16 holds at most 15 drafts).")
+    if "peer" in rr:
+        print_peer_tables(a)
+
+
+def print_peer_tables(a: dict) -> None:
+    rr, rs = a["routing"]["random"], a["routing"]["shared"]
+    pr, ps = rr["peer"], rs["peer"]
+    t = Table(title="Plain step, ours against ik_llama.cpp's (same files, same run), ms")
+    for c in ("routing", "2 layers: ours / ik", "5 layers: ours / ik", "40 layers: ours / ik",
+              "ours / ik, IQR over repeats", "tokens/s: ours / ik"):
+        t.add_column(c, justify="right")
+    for name, r, p in (("random", rr, pr), ("shared", rs, ps)):
+        lo, hi = p["decode_over_peer_iqr"]
+        t.add_row(name, f"{p['L2_one_row_ms']['ours']:.1f} / {p['L2_one_row_ms']['peer']:.1f}",
+                  f"{p['L5_one_row_ms']['ours']:.1f} / {p['L5_one_row_ms']['peer']:.1f}",
+                  f"{r['decode40_ms']:.0f} / {p['decode40_ms']:.0f} = {p['decode_over_peer']:.2f}",
+                  f"{lo:.2f}-{hi:.2f}", f"{p['ours_plain_tokens_per_s']:.2f} / {p['tokens_per_s']:.2f}")
+    console.print(t)
+    t = Table(title="Predicted tokens/s over ik_llama.cpp's plain decoding: random / shared routing "
+                    "[IQR of the plain steps' ratio, random; shared]")
+    t.add_column("acceptance")
+    for k in (0, *MEASURED_DEPTHS):
+        t.add_column("plain" if k == 0 else f"k={k}", justify="right")
+    for name in a["acceptance_models"]:
+        xr, xs = pr["predictions"][name], ps["predictions"][name]
+        t.add_row(name, *(f"{xr[k]['x_peer']:.2f} / {xs[k]['x_peer']:.2f} "
+                          f"[{xr[k]['x_peer_iqr'][0]:.2f}-{xr[k]['x_peer_iqr'][1]:.2f}; "
+                          f"{xs[k]['x_peer_iqr'][0]:.2f}-{xs[k]['x_peer_iqr'][1]:.2f}]"
+                          for k in (0, *MEASURED_DEPTHS)))
+    console.print(t)
 
 
 def plot(res: dict, path: Path) -> None:
@@ -936,7 +1083,9 @@ def plot(res: dict, path: Path) -> None:
     a = res["analysis"]
     rr, rs = a["routing"]["random"], a["routing"]["shared"]
     ks = list(MEASURED_DEPTHS)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.3))
+    peer = "peer" in rr
+    fig, axes = plt.subplots(1, 3 if peer else 2, figsize=(16 if peer else 11, 4.3))
+    ax1, ax2 = axes[0], axes[1]
     x = np.arange(len(ks))
     w = 0.38
     for off, r, name, alpha in ((-w / 2, rr, "random routing", 1.0), (w / 2, rs, "shared routing", 0.55)):
@@ -975,6 +1124,22 @@ def plot(res: dict, path: Path) -> None:
     ax2.set_title("Predicted on this CPU (solid: random routing, dashed: shared)", fontsize=10)
     ax2.set_xticks(list(MEASURED_DEPTHS))
     ax2.legend(fontsize=7, loc="upper right")
+    if peer:
+        ax3 = axes[2]
+        k0 = [0, *kk]
+        for name, col in colors.items():
+            lo = [rr["peer"]["predictions"][name][k]["x_peer"] for k in k0]
+            hi = [rs["peer"]["predictions"][name][k]["x_peer"] for k in k0]
+            ax3.fill_between(k0, lo, hi, color=col, alpha=0.15)
+            ax3.plot(k0, lo, "-", color=col, lw=1.5, label=name)
+            ax3.plot(k0, hi, "--", color=col, lw=1.0)
+        ax3.axhline(1.0, color="k", lw=0.8)
+        ax3.set_xlabel("depth k (0: plain decoding)")
+        ax3.set_ylabel("tokens/s over ik_llama.cpp's plain step")
+        ax3.set_title(f"Against ik -rtr plain ({rr['peer']['decode40_ms']:.0f} / {rs['peer']['decode40_ms']:.0f} ms "
+                      "a step, random / shared)", fontsize=10)
+        ax3.set_xticks([0, *MEASURED_DEPTHS])
+        ax3.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
@@ -997,6 +1162,10 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=1, help="untimed repeats first")
     ap.add_argument("--engine-passes", type=int, default=2, help="engine passes (all depths), interleaved")
     ap.add_argument("--engine-rounds", type=int, default=8, help="timed rounds per depth and pass")
+    ap.add_argument("--ik-bench", type=Path, default=None,
+                    help="ik_llama.cpp's llama-bench: time its plain step on the same targets in the same run")
+    ap.add_argument("--ik-args", default="-rtr 1", help="more llama-bench arguments for ik (default: -rtr 1)")
+    ap.add_argument("--ik-reps", type=int, default=3, help="llama-bench -r per target, routing and repeat")
     ap.add_argument("--json", type=Path, default=None, help="results JSON (default: <cache>/cost-model.json)")
     ap.add_argument("--png", type=Path, default=None, help="chart (default: <cache>/cost-model.png)")
     ap.add_argument("--from-json", type=Path, default=None,
@@ -1015,6 +1184,8 @@ def main() -> int:
         console.print(f"wrote {out_png} ({out_png.stat().st_size / 1e3:.0f} kB)")
         return 0
 
+    if args.ik_bench and not (args.ik_bench.is_file() and os.access(args.ik_bench, os.X_OK)):
+        ap.error(f"--ik-bench {args.ik_bench}: expected ik_llama.cpp's llama-bench, an executable file")
     root = args.cache or cache_root()
     threads = args.threads or os.cpu_count() or 1
     t_start = time.perf_counter()
@@ -1062,8 +1233,16 @@ def main() -> int:
         "samples_s": samples,
         "analysis": analyse(samples),
         "ik_llama_cpu": IK_CPU,
+        "loadavg_per_repeat": bench.loadavg,
         "wall_s": time.perf_counter() - t_start,
     }
+    if bench.peer:
+        from tests.helpers.ik_interop import peer_snapshot
+
+        res["peer"] = {"llama_bench": bench.peer, "args": args.ik_args, "reps": args.ik_reps,
+                       "command": shlex.join(peer_command(bench.peer, ["TARGET"], threads, args.ik_reps, args.context,
+                                                          shlex.split(args.ik_args))),
+                       "build_commit": bench.peer_build, "snapshot": peer_snapshot(args.ik_bench.parent)}
     print_tables(res)
     out_json = args.json or root / "cost-model.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)
