@@ -10,14 +10,18 @@ context and its own prompt cache. One slot is Engine's context (the ring: a smal
 an engine of one slot and an engine of several may differ in the last bits of a sliding-window
 layer's sums once a sequence passes the ring's size, with an F16 cache. A round asks
 every decoding sequence for its rows (runtime/rounds.py: a plain step or a verify block of any
-depth), decodes them all in one ``llama_decode``, and hands each sequence its logits and
-captured rows; its drafter then reads them. A prompt is decoded in parts
-of its own, cut as the one-slot engine cuts it, between the running sequences' rounds (chunked
-prefill), so their rounds never wait for a whole prompt. Greedy output of a sequence does not
-depend on what runs beside it: a prompt part has the pass it has alone, and the target scores a
-decoding row the same whatever else the pass holds (tests/test_batch.py) where its kernels
-compute a row as alone: on Q4_K weights passes of up to 16 rows (patches 0011, 0012); a round
-of more (4 sequences at depth 4) parts from the solo outputs after a few tokens there.
+depth), decodes them in one ``llama_decode`` (all of them, within the bound below), and hands
+each sequence its logits and captured rows; its drafter then reads them. A prompt is decoded in
+parts of its own, cut as the one-slot engine cuts it, between the running sequences' rounds (chunked
+prefill), so their rounds never wait for a whole prompt.
+
+Greedy output of a sequence does not depend on what runs beside it (tests/test_batch.py): a
+prompt part has the pass it has alone, and a decoding pass holds no more rows than the target's
+kernels compute each as alone (``max_pass_rows``: :data:`EXACT_PASS_ROWS`, unless every weight
+type is one computed alike in a pass of any size). Under that bound each of ``n`` sequences of a
+pass drafts at most ``EXACT_PASS_ROWS // n - 1`` tokens, so a fixed ``n_max`` is cut under load
+(4 sequences at ``n_max`` 4 draft 3 each), and rows beyond it (a prompt's sequence joining
+others, more sequences than the bound has rows) wait for the next round.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from ..convert.gguf.rules import read_header_cached
+from ..convert.gguf.specs import TargetSpec
 from .drafter import Drafter
 from .engine import EngineConfig, GenerationResult, one_sequence_params, refuse_closed
 from .llama import Context, ContextParams, LlamaError, Model, SeqView
@@ -34,10 +40,21 @@ from .prompt_cache import PromptCache
 from .request import GenerateOptions, PairLimits, check_context
 from .rounds import DepthPolicies, Generation, Rows, generation
 from .stats import Stats
-from .tuner import DepthPolicy
+from .tuner import DepthPolicy, FixedDepth
 from .tuner.batch import BatchPlanner
 
-__all__ = ["BatchEngine", "Finished"]
+__all__ = ["BatchEngine", "EXACT_PASS_ROWS", "Finished", "pass_rows_bound"]
+
+#: The most rows a decoding pass may hold on quantized weights. The CPU kernels compute each row of
+#: a pass of 2-16 rows over repacked Q4_K weights exactly as that row alone (patch 0011); a larger
+#: pass takes 4-row tiles, which sum in another order, and a sequence beside others then parts
+#: from its output alone after a few tokens.
+EXACT_PASS_ROWS = 16
+
+#: Weight types whose kernels compute a row the same in a pass of any size (tinyBLAS per output
+#: element, patch 0010; the bundled Q8_0 pair at 8 sequences of up to 8 rows, tests/test_batch.py).
+#: A target with any other type gets the bound above.
+_ANY_ROWS_TYPES = frozenset({"F32", "F16", "Q8_0"})
 
 
 @dataclass
@@ -49,6 +66,25 @@ class Finished:
     stats: Stats | None = None
     stop_reason: str | None = None
     error: BaseException | None = None
+
+
+def pass_rows_bound(target: TargetSpec) -> int | None:
+    """The most rows one decoding pass over ``target`` may hold for each row to be computed as
+    it is alone: :data:`EXACT_PASS_ROWS`, or None (any) where every weight type is one of
+    ``_ANY_ROWS_TYPES``."""
+    types = {t.qtype.name for t in read_header_cached(target.path).tensors}
+    return None if types <= _ANY_ROWS_TYPES else EXACT_PASS_ROWS
+
+
+class _PassBoundDepth(FixedDepth):
+    """A fixed depth, cut to the most drafts its slot may take in the next pass."""
+
+    def __init__(self, depth: int, slot: "_Slot") -> None:
+        super().__init__(depth)
+        self.slot = slot
+
+    def choose(self) -> int:
+        return min(self.depth, self.slot.deepest)
 
 
 class _Slot:
@@ -69,11 +105,16 @@ class _Slot:
         self.texts: list[str] = []
         self.opts: GenerateOptions | None = None
         self.started = 0  # start order: the earliest prompt gets the free rows first
+        self.asked = 0  # when it asked for its rows: the earliest decoding rows get a pass first
+        self.deepest = engine.pair.max_draft  # the most drafts it may take in its next pass
 
     def policy(self, n_max) -> DepthPolicy:
         if n_max == "auto" and self.planner is not None:
             return self.planner.slot(self.index)
-        return self._policies.get(n_max, self.drafter)
+        policy = self._policies.get(n_max, self.drafter)
+        if type(policy) is FixedDepth and policy.depth > 0:
+            return _PassBoundDepth(policy.depth, self)
+        return policy
 
     @property
     def auto(self) -> bool:
@@ -126,6 +167,7 @@ class BatchEngine:
             one_sequence_params(cfg, pair.target.sliding_window, deepest, pair.drafter is not None).n_ubatch
         self._prompt_turn = True
         self._captured: set[int] = set()
+        self.max_pass_rows = pass_rows_bound(pair.target)  # None: any
         # ``auto`` chooses every round's depths for the whole pass (runtime/tuner/batch.py)
         self.planner = BatchPlanner(pair.drafter.max_draft, pair.drafter.sliding_window) if pair.drafter is not None else None
         self._t_pass = 0.0  # when the last pass's decode ended: a pass is timed from there to its own end
@@ -216,7 +258,7 @@ class BatchEngine:
         check_context(len(tokens), opts.n_predict, self.ctx.n_ctx_seq)
         s.out, s.texts, s.opts = [], [], opts
         run = generation(s, tokens, opts, s.out, s.texts)
-        s.started = next(self._order)
+        s.started = s.asked = next(self._order)
         try:
             s.rows = next(run)
         except BaseException:
@@ -264,6 +306,7 @@ class BatchEngine:
             s.ctx.row0, s.ctx.last_n_tokens = row0, len(tokens)
             try:
                 s.rows = s.run.send(len(tokens))
+                s.asked = next(self._order)
             except StopIteration as e:
                 stats, reason = e.value
                 done.append(self._end(s, Finished(s.index, s.out, stats, reason)))
@@ -274,16 +317,17 @@ class BatchEngine:
         return done
 
     def _plan(self, done: list[Finished]) -> _Round:
-        """This round's pass: the next part of the earliest prompt, alone, or every decoding
-        sequence's rows (plain steps and verify blocks), in sequence order (llama.cpp groups a
-        microbatch by ascending, consecutive sequence ids). The two take turns while both wait,
-        so a long prompt never stalls the others by more than one part a round.
+        """This round's pass: the next part of the earliest prompt, alone, or the decoding
+        sequences' rows (plain steps and verify blocks, :meth:`_decoding_pass`), in sequence order
+        (llama.cpp groups a microbatch by ascending, consecutive sequence ids). The two take turns
+        while both wait, so a long prompt never stalls the others by more than one part a round.
 
-        A prompt's rows never share a pass: a pass of more than 16 rows computes a row by where
-        it falls in the pass (Q4_K's 4-row tiles against its one-row kernel, an expert's rows
-        grouped across the pass), so a prompt part beside other rows would differ in the last
-        bits from that part alone. Parts are cut where the one-slot engine's microbatches are
-        (``_prompt_part``), so each is the pass the prompt has when it runs alone."""
+        A prompt's rows never share a pass: a pass of more rows than the kernels compute each as
+        alone (``max_pass_rows``) computes a row by where it falls in the pass (Q4_K's 4-row tiles
+        against its one-row kernel, an expert's rows grouped across the pass), so a prompt part
+        beside other rows would differ in the last bits from that part alone. Parts are cut where
+        the one-slot engine's microbatches are (``_prompt_part``), so each is the pass the prompt
+        has when it runs alone."""
         rnd = _Round()
         running = [s for s in self.slots if s.run is not None]
         prompts = sorted((s for s in running if s.rows.prompt), key=lambda s: s.started)
@@ -293,7 +337,7 @@ class BatchEngine:
             s = prompts.pop(0)
             rnd.parts.append((s, s.rows.tokens[:self._prompt_part], s.rows.pos0))
         else:
-            rnd.parts.extend((s, s.rows.tokens, s.rows.pos0) for s in decoding)
+            rnd.parts.extend((s, s.rows.tokens, s.rows.pos0) for s in self._decoding_pass(decoding))
         self._prompt_turn = not self._prompt_turn  # the other kind goes next
         for s in prompts:  # waiting this round: a stop asked for ends it now
             if s.opts.should_stop is not None and s.opts.should_stop():
@@ -302,13 +346,36 @@ class BatchEngine:
                 done.append(self._end(s, Finished(s.index, s.out, Stats(), "interrupted")))
         return rnd
 
+    def _decoding_pass(self, decoding: list[_Slot]) -> list[_Slot]:
+        """The decoding sequences whose rows fit this round's pass, in sequence order: all of
+        them, or under ``max_pass_rows`` those that fit, the earliest to ask first; the rest wait
+        for the next round, where they are the earliest. The earliest always goes, so rows wait
+        at most a round (the depth bound, :meth:`_deepest`, makes this rare: a prompt's sequence
+        joining others that drafted for fewer, more sequences than the bound has rows)."""
+        if self.max_pass_rows is None:
+            return decoding
+        chosen, rows = [], 0
+        for s in sorted(decoding, key=lambda s: s.asked):
+            if not chosen or rows + len(s.rows.tokens) <= self.max_pass_rows:
+                chosen.append(s)
+                rows += len(s.rows.tokens)
+        return sorted(chosen, key=lambda s: s.index)
+
+    def _deepest(self, n: int) -> int:
+        """The most drafts each of ``n`` sequences of a decoding pass may take: an equal share of
+        ``max_pass_rows`` (one row of it its plain step), at least none."""
+        if self.max_pass_rows is None:
+            return self.pair.max_draft
+        return min(self.pair.max_draft, max(self.max_pass_rows // max(n, 1) - 1, 0))
+
     def _plan_depths(self, rnd: _Round) -> None:
         """Tell the planner how long the pass it planned took and plan the next decoding pass:
-        its ``auto`` sequences are every decoding one and a prompt that ends in this pass, planned
-        before those that choose now choose their depths. A pass is timed from the end of the
-        last decode to its own end (the sequences' acceptance, their drafts, this decode), but
-        not a prompt's pass, nor the decoding pass after one (its sequences drafted before the
-        prompt's pass, outside its time)."""
+        its sequences are every decoding one and a prompt that ends in this pass, each bounded to
+        :meth:`_deepest` drafts and its ``auto`` ones planned, before those that choose now
+        choose their depths. A pass is timed from the end of the last decode to its own end (the
+        sequences' acceptance, their drafts, this decode), but not a prompt's pass, nor the
+        decoding pass after one (its sequences drafted before the prompt's pass, outside its
+        time)."""
         now = time.perf_counter()
         prefill = any(s.rows.prompt for s, _, _ in rnd.parts)
         decoded = {s.index: len(tokens) - 1 for s, tokens, _ in rnd.parts if not s.rows.prompt and s.auto}
@@ -317,11 +384,14 @@ class BatchEngine:
         self._t_pass, self._after_prompt = now, prefill
         ending = {s.index for s, tokens, _ in rnd.parts if s.rows.prompt and len(tokens) == len(s.rows.tokens)}
         next_pass = [s for s in self.slots if s.run is not None and (not s.rows.prompt or s.index in ending)]
+        deepest = self._deepest(len(next_pass))
+        for s in next_pass:
+            s.deepest = deepest
         participants = [s for s in next_pass if s.auto]
-        fixed_rows = sum(1 + (s.opts.n_max if s.drafter is not None and isinstance(s.opts.n_max, int) else 0)
-                         for s in next_pass if not s.auto)
+        fixed_rows = sum(1 + (min(s.opts.n_max, deepest) if s.drafter is not None and isinstance(s.opts.n_max, int)
+                              else 0) for s in next_pass if not s.auto)
         context = sum(s.rows.pos0 + len(s.rows.tokens) for s in participants)
-        self.planner.plan([s.index for s in participants], fixed_rows, context)
+        self.planner.plan([s.index for s in participants], fixed_rows, context, deepest)
 
     def _switch_capture(self, rnd: _Round) -> None:
         """The target captures the layers any sequence of this round wants; switched only on a

@@ -9,13 +9,14 @@ slot's drafter reads its own sequence's captured rows."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
 
 from helpers.synthetic import built_xs_q4_K_M
 from laguna_dflash.runtime import assets
-from laguna_dflash.runtime.batch import BatchEngine
+from laguna_dflash.runtime.batch import EXACT_PASS_ROWS, BatchEngine, pass_rows_bound
 from laguna_dflash.runtime.engine import EngineConfig, GenerateOptions
 from laguna_dflash.runtime.open_pair import resolve_pair
 from laguna_dflash.runtime.sampling import SamplingParams
@@ -191,7 +192,8 @@ def test_a_prompt_that_ends_joins_one_plan_with_the_decoding_sequences(pair, mon
     with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=3) as engine:
         plans, observed = [], []
         real_plan, real_observe = engine.planner.plan, engine.planner.observe
-        monkeypatch.setattr(engine.planner, "plan", lambda ids, rows, ctx: plans.append(list(ids)) or real_plan(ids, rows, ctx))
+        monkeypatch.setattr(engine.planner, "plan", lambda ids, rows, ctx, deepest: plans.append(list(ids))
+                            or real_plan(ids, rows, ctx, deepest))
         monkeypatch.setattr(engine.planner, "observe", lambda d, rows, t, timed=True: observed.append((sorted(d), timed))
                             or real_observe(d, rows, t, timed))
         opts = GenerateOptions(n_predict=40, n_max="auto")
@@ -240,3 +242,58 @@ def test_q4_K_M_prompts_beside_other_sequences_equal_their_solo_outputs():
                 break
     assert together == solo, "started together"
     assert [staggered[i] for i in range(4)] == solo, "started a few rounds apart"
+
+
+def test_no_decoding_pass_holds_more_rows_than_the_bound(pair, monkeypatch):
+    """Under a rows bound (the bundled Q8_0 pair has none; forced here) no decoding pass holds
+    more rows than it, with 1-8 sequences of every depth the drafter takes and auto, starting a
+    round apart (a prompt's sequence joins others that drafted for fewer); no sequence waits
+    more than a round for a pass; 4 sequences at n_max 4 draft 3 each while all four run."""
+    from laguna_dflash.runtime import llama
+
+    assert pass_rows_bound(pair.target) is None
+    passes = []
+    real = llama.Context.decode_seqs
+    monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: passes.append(
+        [(seq, len(t)) for seq, t, _, first in parts if first == 0]) or real(self, parts))
+    depths = itertools.cycle([*range(pair.max_draft + 1), "auto"])
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=8) as engine:
+        engine.max_pass_rows = EXACT_PASS_ROWS
+        for n, depth in [(n, None) for n in range(1, 9)] + [(4, 4)]:
+            passes.clear()
+            for rnd in range(200):
+                if rnd < n:
+                    opts = GenerateOptions(n_predict=8, n_max=next(depths)) if depth is None else \
+                        GenerateOptions(n_predict=32, n_max=depth)
+                    engine.start(rnd, PROMPTS[rnd % 5][:40], opts)
+                engine.step()
+                if rnd >= n and not engine.running:
+                    break
+            decoding = [p for p in passes if p]
+            assert max(sum(k for _, k in p) for p in decoding) <= EXACT_PASS_ROWS, (n, decoding)
+            waits = {}  # sequence -> decoding passes since its last
+            for p in decoding:
+                for seq in waits:
+                    waits[seq] += 1
+                for seq, _ in p:
+                    assert waits.get(seq, 0) <= 1, (n, seq, decoding)
+                    waits[seq] = 0
+        assert [(0, 4), (1, 4), (2, 4), (3, 4)] in decoding, decoding
+
+
+@pytest.mark.skipif(built_xs_q4_K_M() is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
+def test_q4_K_M_sequences_at_depth_4_equal_their_solo_outputs():
+    """Four sequences at n_max 4 on the XS-width Q4_K_M target: 20 rows a pass without the rows
+    bound, where Q4_K's 4-row tiles sum in another order than its one-row kernel; measured so,
+    three of the four outputs parted from their solo ones, at tokens 6, 2 and 5. Bounded to 16
+    rows (each drafts 3 while all four run) each equals its output alone."""
+    target, drafter = built_xs_q4_K_M()
+    pair = resolve_pair(target, drafter)
+    cfg = EngineConfig(n_ctx=256, n_threads=1, kv_type="f16", prompt_cache=False)
+    opts = GenerateOptions(n_predict=10, n_max=4)
+    with BatchEngine.open(pair, cfg, n_seq=4) as engine:
+        assert engine.max_pass_rows == EXACT_PASS_ROWS
+        prompts = [engine.tokenize(p)[:8] for p in PROMPTS[:4]]
+        together = [r.tokens for r in engine.generate_all(prompts, opts)]
+        solo = [engine.generate_all([p], opts)[0].tokens for p in prompts]
+    assert together == solo

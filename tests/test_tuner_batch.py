@@ -120,3 +120,21 @@ def test_every_sequence_of_a_pass_drafts_one_depth():
     drafting = [d for d in r.depths if max(d) > 0]
     uneven = [d for d in drafting if len(set(d)) > 1]
     assert len(drafting) > 50 and len(uneven) < 0.1 * len(drafting), (len(uneven), len(drafting))
+
+
+def test_a_plan_never_drafts_deeper_than_the_pass_bound():
+    """``deepest`` bounds every plan, also once the costs say deeper passes pay (here a row
+    costs nothing and every draft is accepted): 1-8 sequences, 16 rows a pass at most."""
+    for n in range(1, 9):
+        planner = BatchPlanner(max_depth=15)
+        deepest = 16 // n - 1
+        seen = set()
+        for _ in range(60):
+            depths = planner.plan(list(range(n)), other_rows=0, context=100, deepest=deepest)
+            assert len(depths) == n and len(set(depths)) == 1 and n * (depths[0] + 1) <= 16, (n, depths)
+            seen.add(depths[0])
+            for i, d in enumerate(depths):
+                planner.slot(i).observe(d, d, 0.01)
+            planner.observe(dict(enumerate(depths)), 0, 0.01)
+        assert max(seen) == deepest, (n, seen)
+    assert BatchPlanner(max_depth=15).plan(list(range(17)), 0, 100, deepest=0) == [0] * 17

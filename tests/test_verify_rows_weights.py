@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 from helpers import kernel_weights as kw
+from helpers.synthetic import built_xs_q4_K_M
 
 SHAPES = [
     kw.WeightShape("dense-q4_K-2048", "q4_K", 2048, 512),
@@ -133,21 +134,7 @@ def test_the_q4_K_and_q6_K_weights_are_repacked(backend):
     assert backend.repack_buft is not None
 
 
-def _xs_q4_K_M_pair():
-    """The cost-model harness's synthetic XS-width Q4_K_M target and its random drafter, when built
-    (``scripts/bench/bench_cost_model.py --build-only``, a few GB); None otherwise."""
-    import os
-    from pathlib import Path
-
-    root = Path(os.environ.get("LAGUNA_DFLASH_CACHE", Path.home() / ".cache" / "laguna-dflash")) / "costmodel"
-    for d in sorted(root.glob("*")):
-        target, drafter = d / "laguna-xs-shapes-L5-Q4_K_M.gguf", d / "laguna-xs-dflash-random-Q8_0.gguf"
-        if target.exists() and drafter.exists():
-            return target, drafter
-    return None
-
-
-@pytest.mark.skipif(_xs_q4_K_M_pair() is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
+@pytest.mark.skipif(built_xs_q4_K_M() is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
 def test_greedy_speculative_equals_plain_on_an_xs_width_q4_K_M_target():
     """End to end where these kernels run: Q4_K_M weights at XS widths. The random drafter's
     drafts are all rejected, so every round emits the first row of an (n_max+1)-row verify
@@ -157,7 +144,7 @@ def test_greedy_speculative_equals_plain_on_an_xs_width_q4_K_M_target():
     from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
     from laguna_dflash.runtime.llama import Model
 
-    target, drafter = _xs_q4_K_M_pair()
+    target, drafter = built_xs_q4_K_M()
     prompt = "def quicksort(xs):\n    " * 8
     # no prompt cache: each generation starts from an empty KV cache. With it, a generation
     # after another one can leave the first one's tokens even in plain decoding (measured here:
@@ -172,7 +159,7 @@ def test_greedy_speculative_equals_plain_on_an_xs_width_q4_K_M_target():
             assert spec.tokens == plain, f"n_max {n_max}: speculative output leaves plain decoding at token {first}"
 
 
-@pytest.mark.skipif(_xs_q4_K_M_pair() is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
+@pytest.mark.skipif(built_xs_q4_K_M() is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
 def test_greedy_speculative_equals_plain_on_an_xs_width_q4_K_M_target_with_the_prompt_cache():
     """The same with the prompt cache on (the engine's default), in the order that once parted
     from plain decoding at token 16 (plain, depth 4, depth 8, plain again: each generation after
@@ -182,7 +169,7 @@ def test_greedy_speculative_equals_plain_on_an_xs_width_q4_K_M_target_with_the_p
     from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
     from laguna_dflash.runtime.llama import Model
 
-    target, drafter = _xs_q4_K_M_pair()
+    target, drafter = built_xs_q4_K_M()
     prompt = "def quicksort(xs):\n    " * 8
     cfg = EngineConfig(n_ctx=1024, n_threads=1, prompt_cache=True)
     with Model(target) as m, Engine(m, drafter, cfg) as eng:

@@ -25,6 +25,8 @@ theirs) per second of a pass at ``d``.
 A pass is keyed by its participants' count and the rows other sequences (fixed depths) add:
 its costs do not carry over to a pass of other width. A pass that also prefilled a prompt, whose
 sequences were not those planned, or where a sequence cut its depth at its end, is not timed.
+``plan(..., deepest=d)`` never gives a sequence more than ``d`` drafts (the engine's bound on a
+pass's rows, runtime/batch.py); a pass first planned under it chooses among depths ``0..d``.
 """
 
 from __future__ import annotations
@@ -47,13 +49,13 @@ class PassAcceptance:
     def expected_tokens(self, z: float = 0.0) -> list[float]:
         out = [0.0] * (self.max_depth + 1)
         for s in self.slots:
-            for d, e in enumerate(s.accept.expected_tokens(z)):
+            for d, e in enumerate(s.accept.expected_tokens(z)[:self.max_depth + 1]):
                 out[d] += e
         return out
 
     def estimates(self, z: float = 0.0) -> list[float]:
         """The participants' mean acceptance per position (for the trace)."""
-        rows = [s.accept.estimates(z) for s in self.slots] or [[0.0] * self.max_depth]
+        rows = [s.accept.estimates(z)[:self.max_depth] for s in self.slots] or [[0.0] * self.max_depth]
         return [sum(col) / len(rows) for col in zip(*rows)]
 
     def evidence(self, position: int) -> float:
@@ -127,21 +129,25 @@ class BatchPlanner:
             self._slots[index] = SlotDepth(self, index)
         return self._slots[index]
 
-    def plan(self, participants: list[int], other_rows: int, context: int) -> list[int]:
+    def plan(self, participants: list[int], other_rows: int, context: int, deepest: int | None = None) -> list[int]:
         """Depths for the next pass of ``participants`` (sequence indices), beside ``other_rows``
-        rows of other sequences, with ``context`` positions in all their caches."""
+        rows of other sequences, with ``context`` positions in all their caches, none deeper
+        than ``deepest`` (None: the drafter's deepest)."""
         participants = sorted(participants)
-        if not participants:
-            self.current, self._planned = None, None
-            return []
+        deepest = self.max_depth if deepest is None else min(deepest, self.max_depth)
+        if not participants or deepest <= 0:  # nothing to choose: plain steps
+            for i in participants:
+                self.slot(i).planned = 0
+            self.current, self._planned, self.last_total = None, None, 0
+            return [0] * len(participants)
         key = (len(participants), other_rows)
         pd = self.passes.get(key)
         if pd is None:
-            pd = self.passes[key] = PassDepth(len(participants), self.max_depth, self.window)
+            pd = self.passes[key] = PassDepth(len(participants), deepest, self.window)
         slots = [self.slot(i) for i in participants]
         pd.accept.slots = slots
         pd.context(context)
-        depth = pd.choose()
+        depth = min(pd.choose(), deepest)
         for s in slots:
             s.planned = depth
         self.current, self.last_total = pd, depth * len(slots)
