@@ -55,23 +55,28 @@ class Config:
         return cls(name, binary, libdir, extra)
 
 
-def run_once(cfg: Config, model: Path, rows: list[int], threads: int, reps: int, fa: int
+def run_once(cfg: Config, model: Path, rows: list[int], threads: int, reps: int, fa: int, gen: int = 0
              ) -> tuple[dict[int, list[float]], str | None]:
-    """Milliseconds per pass by row count, and the build's commit as llama-bench reports it."""
+    """Milliseconds per pass by row count, and the build's commit as llama-bench reports it.
+
+    gen > 0: one-row passes of token generation (``-p 0 -n GEN``, each repetition's mean per token),
+    under row count 1."""
     env = dict(os.environ)
     if cfg.libdir:
         bindir = str(Path(cfg.binary).parent)
         env["LD_LIBRARY_PATH"] = ":".join(p for p in (bindir, cfg.libdir, env.get("LD_LIBRARY_PATH", "")) if p)
-    cmd = [cfg.binary, "-m", str(model), "-p", ",".join(map(str, rows)), "-n", "0", "-t", str(threads),
-           "-r", str(reps), "-fa", str(fa), "-o", "json", *cfg.extra]
+    work = ["-p", "0", "-n", str(gen)] if gen else ["-p", ",".join(map(str, rows)), "-n", "0"]
+    fa_arg = [] if "-fa" in cfg.extra else ["-fa", str(fa)]  # a configuration's own -fa wins
+    cmd = [cfg.binary, "-m", str(model), *work, "-t", str(threads),
+           "-r", str(reps), *fa_arg, "-o", "json", *cfg.extra]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{cfg.name}: {shlex.join(cmd)} failed:\n{r.stderr[-2000:]}")
     out: dict[int, list[float]] = {}
     build = None
     for test in json.loads(r.stdout):
-        n = int(test["n_prompt"])
-        out.setdefault(n, []).extend(ns / 1e6 for ns in test["samples_ns"])
+        n = 1 if gen else int(test["n_prompt"])
+        out.setdefault(n, []).extend(ns / 1e6 / max(gen, 1) for ns in test["samples_ns"])
         build = test.get("build_commit", build)
     return out, build
 
@@ -85,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds over all configurations")
     ap.add_argument("--reps", type=int, default=3, help="llama-bench -r per round")
+    ap.add_argument("--gen", type=int, default=0,
+                    help="time token generation instead: llama-bench -p 0 -n GEN, ms per step (--rows ignored)")
     ap.add_argument("--fa", type=int, default=1, help="llama-bench -fa (both builds' default resolves to 1)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path, help="ms per pass and ratio to one row, per configuration")
@@ -103,14 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = ap.parse_args(argv)
     configs = [Config.parse(s) for s in args.config]
-    rows = [int(x) for x in args.rows.split(",")]
+    rows = [1] if args.gen else [int(x) for x in args.rows.split(",")]
     samples: dict[str, dict[int, list[float]]] = {c.name: {n: [] for n in rows} for c in configs}
     t0 = time.time()
     load_avg = [os.getloadavg()]
     builds: dict[str, str | None] = {}
     for i in range(args.rounds):
         for c in configs:
-            per_rows, builds[c.name] = run_once(c, args.model, rows, args.threads, args.reps, args.fa)
+            per_rows, builds[c.name] = run_once(c, args.model, rows, args.threads, args.reps, args.fa, args.gen)
             for n, v in per_rows.items():
                 samples[c.name][n].extend(v)
         load_avg.append(os.getloadavg())
@@ -131,11 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         for c in configs:
             e = table[c.name][n]
             ratio = f" ({e['x_one_row']:.2f})" if e["x_one_row"] and n > 1 else ""
-            cells.append(f"{e['median_ms']:.1f}{ratio} [{e['min_ms']:.1f}-{e['max_ms']:.1f}]")
+            cells.append(f"{e['median_ms']:.2f}{ratio} [{e['min_ms']:.2f}-{e['max_ms']:.2f}]")
         print(f"| {n} | " + " | ".join(cells) + " |")
     if args.json:
         write_json(args.json, {"command": command_line(__file__, argv), "model": str(args.model),
-                               "threads": args.threads, "load_avg_per_round": load_avg, "wall_s": time.time() - t0,
+                               "threads": args.threads, "gen": args.gen, "fa": args.fa,
+                               "load_avg_per_round": load_avg, "wall_s": time.time() - t0,
                                "configs": [c.__dict__ for c in configs], "build_commit": builds,
                                "peer_snapshot": {c.name: peer_snapshot(Path(c.binary).parent) for c in configs},
                                "table": table,
