@@ -129,3 +129,35 @@ def test_greedy_speculative_equals_plain_at_6k_tokens(target):
     assert spec.stats.accepted > 0
     first = next((j for j, (a, b) in enumerate(zip(plain, spec.tokens)) if a != b), None)
     assert spec.tokens == plain, f"speculative output leaves plain decoding at token {first}"
+
+
+def test_two_threads_score_a_step_and_a_verify_as_one_thread_does(target):
+    """The CPU kernels that split a product among threads (patches 0015 and 0016: whole heads of
+    attention's float matmuls per thread; a one-row step's activations quantized by every thread
+    for itself) leave every logit as one thread computes it, steps and verify rows alike."""
+    toks = target.tokenize(PROMPTS[0])
+    logits = {}
+    for threads in (1, 2):
+        with Context(target, ContextParams(n_ctx=1024, kv_type="f16", n_threads=threads)) as ctx:
+            ctx.decode(toks, np.arange(len(toks)), logits="last")
+            pos, out = len(toks), [ctx.logits_row(-1).copy()]
+            for _ in range(6):  # one-row steps
+                tok = int(out[-1].argmax())
+                ctx.decode([tok], [pos], logits="last")
+                out.append(ctx.logits_row(-1).copy())
+                pos += 1
+            seq = [int(r.argmax()) for r in out[-5:]]
+            ctx.decode(seq, np.arange(pos, pos + 5), logits="all")  # a 5-row verify
+            out += [ctx.logits_row(r).copy() for r in range(5)]
+        logits[threads] = np.stack(out)
+    assert np.array_equal(logits[1].view(np.uint32), logits[2].view(np.uint32)), (
+        f"max |diff| {np.abs(logits[1] - logits[2]).max():.2e}")
+
+
+def test_greedy_speculative_equals_plain_at_two_threads(target):
+    with Engine(target, assets.converted_tiny_drafter("q8_0"), EngineConfig(n_ctx=4096, n_threads=2)) as eng:
+        for i, prompt in enumerate(PROMPTS[:4]):
+            plain, spec = plain_and_speculative(eng, prompt, 64, 4)
+            assert spec.stats.accepted > 0
+            first = next((j for j, (a, b) in enumerate(zip(plain, spec.tokens)) if a != b), None)
+            assert spec.tokens == plain, f"demo prompt {i}: speculative output leaves plain decoding at token {first}"
