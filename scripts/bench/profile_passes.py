@@ -37,8 +37,8 @@ from pathlib import Path
 from scripts.bench.bench_rows import Config
 from scripts.recorded import command_line, write_json
 
-#: "  12.34%   5678  [.] symbol" lines of `perf report -n --sort sym --stdio`
-_LINE = re.compile(r"^\s*[\d.]+%\s+(\d+)\s+\[(.)\]\s+(.+?)\s*$")
+#: "  12.34%   5678  libfoo.so  [.] symbol" lines of `perf report -n --sort dso,sym --stdio`
+_LINE = re.compile(r"^\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[(.)\]\s+(.+?)\s*$")
 #: user-space symbols of the model load and the runtime libraries, not of a pass's kernels
 _LOAD = re.compile(r"^(repack_|__mem|mem(cpy|set|move|cmp)|_int_|malloc|free|std::|llama_vocab|llama_model_loader)")
 
@@ -65,15 +65,19 @@ def samples(cfg: Config, model: Path, rows: int, reps: int, threads: int, freq: 
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"{cfg.name}: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
-        rep = subprocess.run(["perf", "report", "-i", str(data), "-n", "--sort", "sym", "--stdio"],
+        rep = subprocess.run(["perf", "report", "-i", str(data), "-n", "--sort", "dso,sym", "--stdio"],
                              capture_output=True, text=True, check=True).stdout
     out: dict[str, int] = {}
     for line in rep.splitlines():
         m = _LINE.match(line)
-        if m and m[2] == "k":
+        if not m:
+            continue
+        # a library without symbols (libgomp: OpenMP's barrier) is summed under its name
+        name = f"{m[2]} (no symbols)" if m[4].startswith("0x") else m[4]
+        if m[3] == "k":
             out[OS] = out.get(OS, 0) + int(m[1])
-        elif m and not _LOAD.match(m[3]):
-            out[m[3]] = out.get(m[3], 0) + int(m[1])
+        elif not _LOAD.match(name):
+            out[name] = out.get(name, 0) + int(m[1])
     return out, json.loads(r.stdout)[0]["avg_ns"] / 1e6 / max(gen, 1)
 
 
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append({"model": model.name, "rows": n, "config": c.name, "ms_per_pass_total": total,
                                 "llama_bench_ms_per_pass": pass_ms,
                                 "os_ms_per_pass": os_ms,
-                                "ms_per_pass": {s: v for s, v in top if abs(v) >= 0.05}})
+                                "ms_per_pass": {s: v for s, v in top if abs(v) >= min(0.05, 0.005 * total)}})
                 print(f"{model.name} rows {n} {c.name}: {total:.3f} ms of kernel samples per pass (and {os_ms:.3f} "
                       f"in the OS), llama-bench {pass_ms:.3f} ms (load average {os.getloadavg()[0]:.2f})")
                 for s, v in top[:args.top]:
