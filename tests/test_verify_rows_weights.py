@@ -33,7 +33,7 @@ SHAPES = [
     kw.WeightShape("experts-q4_K-2048", "q4_K", 2048, 256, 16, 4),
     kw.WeightShape("experts-q4_K-512", "q4_K", 512, 512, 16, 4),
     kw.WeightShape("experts-q6_K-512", "q6_K", 512, 512, 16, 4),
-    # the bundled tiny target (Q8_0, not repacked: the one-row step quantizes its row apart)
+    # the bundled tiny target (Q8_0, not repacked on x86)
     kw.WeightShape("dense-q8_0-128", "q8_0", 128, 256),
     kw.WeightShape("head-q8_0-128", "q8_0", 128, 4096),
     kw.WeightShape("dense-q8_0-256", "q8_0", 256, 128),
