@@ -132,7 +132,7 @@ def test_greedy_speculative_equals_plain_at_6k_tokens(target):
 
 
 def test_two_threads_score_a_step_and_a_verify_as_one_thread_does(target):
-    """The CPU kernels that split a product among threads (patches 0015 and 0016: whole heads of
+    """The CPU kernels that split a product among threads (patches 0016 and 0017: whole heads of
     attention's float matmuls per thread; a one-row step's activations quantized by every thread
     for itself) leave every logit as one thread computes it, steps and verify rows alike."""
     toks = target.tokenize(PROMPTS[0])
