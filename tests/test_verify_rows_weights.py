@@ -60,6 +60,23 @@ def test_every_row_of_a_few_row_product_is_the_row_alone(backend, shape):
                               f"(max |diff| {worst:.2e}, shared routing {shared})")
 
 
+def _assert_exact_on_constant_rows(prod, shape, row_counts, per_unit):
+    """Rows whose every activation is -(2 ** k), which Q8_K quantizes to -128 times an exact
+    scale, against weights that make each output exactly ``per_unit`` times the row's value:
+    every output must come out exactly that (experts routed row by row, r .. r + n_used)."""
+    for rows in row_counts:
+        x_row = np.array([-(2.0 ** (r % 5)) for r in range(rows)], np.float32)
+        x = np.repeat(x_row[:, None], shape.n_in, axis=1)
+        ids = None
+        if shape.n_expert:
+            ids = np.stack([np.arange(r, r + shape.n_used) % shape.n_expert for r in range(rows)]).astype(np.int32)
+        out, _ = prod.run(x, ids)
+        want = per_unit * x_row
+        got = out.reshape(rows, -1)
+        assert np.array_equal(got, np.repeat(want[:, None], got.shape[1], axis=1)), \
+            f"{shape.name}, {rows} rows: {np.unique(got)} instead of {want}"
+
+
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s.type == "q4_K"], ids=lambda s: s.name)
 def test_repacked_q4_K_products_at_the_quants_extremes_are_exact(backend, shape):
     """The repacked Q4_K kernels sum a column's quant products in int16 lanes before widening;
@@ -70,19 +87,8 @@ def test_repacked_q4_K_products_at_the_quants_extremes_are_exact(backend, shape)
     # of quants all 15
     block = np.array([1.0, 1.0], np.float16).tobytes() + b"\xff" * 12 + b"\xff" * 128
     raw = block * (shape.n_in // 256 * shape.n_out)
-    prod = kw.Product(backend, shape, raw=raw)
-    for rows in (1, 2, 5, 16):
-        # powers of two: Q8_K quantizes each row to -128 times an exact scale
-        scale = np.array([-(2.0 ** (r % 5)) for r in range(rows)], np.float32)
-        x = np.repeat(scale[:, None], shape.n_in, axis=1)
-        ids = None
-        if shape.n_expert:
-            ids = np.stack([np.arange(r, r + shape.n_used) % shape.n_expert for r in range(rows)]).astype(np.int32)
-        out, _ = prod.run(x, ids)
-        want = shape.n_in * (63 * 15 - 63) * scale
-        got = out.reshape(rows, -1)
-        assert np.array_equal(got, np.repeat(want[:, None], got.shape[1], axis=1)), \
-            f"{shape.name}, {rows} rows: {np.unique(got)} instead of {want}"
+    _assert_exact_on_constant_rows(kw.Product(backend, shape, raw=raw), shape, (1, 2, 5, 16),
+                                   shape.n_in * (63 * 15 - 63))
 
 
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s.type == "q6_K"], ids=lambda s: s.name)
@@ -97,18 +103,8 @@ def test_repacked_q6_K_products_at_the_quants_extremes_are_exact(backend, shape,
     fill = b"\xff" if quant == 63 else b"\x00"
     block = fill * 128 + fill * 64 + np.full(16, scale, np.int8).tobytes() + np.array([1.0], np.float16).tobytes()
     raw = block * (shape.n_in // 256 * shape.n_out)
-    prod = kw.Product(backend, shape, raw=raw)
-    for rows in (1, 2, 5, 16, 17):
-        x_row = np.array([-(2.0 ** (r % 5)) for r in range(rows)], np.float32)
-        x = np.repeat(x_row[:, None], shape.n_in, axis=1)
-        ids = None
-        if shape.n_expert:
-            ids = np.stack([np.arange(r, r + shape.n_used) % shape.n_expert for r in range(rows)]).astype(np.int32)
-        out, _ = prod.run(x, ids)
-        want = shape.n_in * scale * (quant - 32) * x_row
-        got = out.reshape(rows, -1)
-        assert np.array_equal(got, np.repeat(want[:, None], got.shape[1], axis=1)), \
-            f"{shape.name}, {rows} rows: {np.unique(got)} instead of {want}"
+    _assert_exact_on_constant_rows(kw.Product(backend, shape, raw=raw), shape, (1, 2, 5, 16, 17),
+                                   shape.n_in * scale * (quant - 32))
 
 
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s.type in kw.REPACKED_X86], ids=lambda s: s.name)
