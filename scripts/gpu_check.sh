@@ -14,6 +14,8 @@
 # holds each stage's exit status and seconds. Stages start only while the deadline allows,
 # and only those GPU_CHECK_STAGES names (default: all).
 #   GPU_BUNDLE=.gpu OUT=gpu-out GPU_CHECK_SECONDS=480 GPU_CHECK_STAGES="cuda suite" scripts/gpu_check.sh
+# Where the bundle travelled in pieces (gpu_bundle.sh's .gpu-parts, one device call each, copied
+# into $GPU_PARTS, default /tmp/laguna-gpu-parts), it is put back together into $GPU_BUNDLE first.
 # scripts/gpu/check_bundle.py runs it here, on a machine without a GPU, as far as the load stage.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,10 @@ stages=" ${GPU_CHECK_STAGES:-cuda offload invariance capture suite sweep record 
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LAGUNA_DFLASH_CACHE=${LAGUNA_DFLASH_CACHE:-/tmp/laguna-dflash-cache}
 
+parts=${GPU_PARTS:-/tmp/laguna-gpu-parts}
+if [[ ! -f $bundle/llama_cpp_cuda.tar.xz && -d $parts ]]; then
+    mkdir -p "$bundle" && cat "$parts"/part* | tar -C "$bundle" -xf - || exit 1
+fi
 site=${GPU_SITE:-/tmp/laguna-dflash-site}
 rm -rf "$site" && mkdir -p "$site"
 tar -C "$site" -xJf "$bundle/llama_cpp_cuda.tar.xz" || exit 1

@@ -61,7 +61,7 @@ def check_contents(bundle: Path, arch: str) -> list[str]:
     if bw.wheel_version(key) not in wheel_name:
         problems.append(f"{bundle / 'WHEEL'}: names {wheel_name or 'nothing'}, expected the wheel of this tree's "
                         f"patches and flags ({bw.wheel_version(key)}, sm_{arch}): rerun scripts/gpu_bundle.sh")
-    for pattern in ("gguf-*.whl", "diskcache-*.whl"):
+    for pattern in ("gguf-*.whl", "diskcache-*.whl", "llguidance-*.whl"):
         if not list(bundle.glob(pattern)):
             problems.append(f"{bundle}: no {pattern} (gpu_check.sh installs it offline)")
     fixture = bundle / "fixtures" / f"tiny-target-{tiny_target.generator_fingerprint()}" / "fingerprint"
