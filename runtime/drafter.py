@@ -70,6 +70,11 @@ class Drafter:
         #: plain steps this close to a drafting round read their rows (see plain_step_begins)
         self.capture_horizon = capture_horizon(self.spec.sliding_window)
         self.capturing = False  # whether the target captures this drafter's layers
+        # whether capture stays on through plain steps whose rows no draft reads: on a backend
+        # that replays graphs (CUDA) a switch makes the next two steps run without one, each
+        # several steps' time, while capturing costs a step half a percent (Engine sets it)
+        self.keep_capture = False
+        self._reading = True  # whether the current plain step's row is for a draft
 
     # -- capture on the target side
 
@@ -91,15 +96,17 @@ class Drafter:
     # -- catch-up: plain steps between drafting rounds
 
     def plain_step_begins(self, plain_rounds_ahead: int) -> None:
-        """Before a plain step: the target captures its row only if a later draft will read it,
-        i.e. when fewer than ``capture_horizon`` plain rounds are promised after this one (each
-        captured row is copied out of the graph, off the device on a GPU)."""
-        self.set_capture(plain_rounds_ahead < self.capture_horizon)
+        """Before a plain step: its row is for a draft only if fewer than ``capture_horizon``
+        plain rounds are promised after this one; the target captures it only then (each
+        captured row is copied out of the graph, off the device on a GPU), or always with
+        ``keep_capture``."""
+        self._reading = plain_rounds_ahead < self.capture_horizon
+        self.set_capture(self._reading or self.keep_capture)
 
     def plain_step_ends(self) -> None:
-        """After a plain step: its row waits for the next draft, or, not captured, is skipped
-        for good (no later query sees it)."""
-        if self.capturing:
+        """After a plain step: its row waits for the next draft, or is skipped for good (no
+        later query sees it)."""
+        if self.capturing and self._reading:
             self.queue_row()
         else:
             self.skip_pending(1)

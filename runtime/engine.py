@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .drafter import Drafter
-from .llama import ClosedError, Context, ContextParams, Model, microbatch_for_window
+from .llama import ClosedError, Context, ContextParams, Model, gpu_offload_supported, microbatch_for_window
 from .open_pair import PairFiles, open_models, resolve_pair
 from .prompt_cache import PromptCache
 from .proposer import Proposer
@@ -143,7 +143,10 @@ class Engine:
         self.ctx = Context(target, one_sequence_params(cfg, self.target_spec.sliding_window, deepest,
                                                        drafting=draft_spec is not None))
         n_threads = self.ctx.n_threads  # the drafter's too: counted once, when the target's context opens
-        self._policies = DepthPolicies()
+        # a GPU backend replays the graph of the last batch shape (CUDA graphs): a change of
+        # shape costs the next steps several times their time, which the tuner and capture heed
+        self.graph_replay = target.n_gpu_layers > 0 and gpu_offload_supported()
+        self._policies = DepthPolicies(self.graph_replay)
         self.prompt_cache = PromptCache(cfg.prompt_cache)
         self.last_stats: Stats | None = None
         self.last_stop_reason: str | None = None
@@ -154,6 +157,7 @@ class Engine:
             self.drafter = Drafter(draft_spec.path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
                                    kv_type=cfg.kv_type, n_threads=n_threads, spec=draft_spec,
                                    check_target=False, model=drafter_model)
+            self.drafter.keep_capture = self.graph_replay
             self.drafter.enable_capture()
 
     @classmethod

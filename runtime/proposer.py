@@ -37,6 +37,9 @@ class ProposerSpec(Protocol):
 
 class Proposer(Protocol):
     spec: ProposerSpec
+    #: capture stays on through plain steps whose rows no draft reads (the engine sets it where
+    #: the target's backend replays graphs, which a switch of capture interrupts)
+    keep_capture: bool
 
     def enable_capture(self) -> None: ...
 

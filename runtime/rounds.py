@@ -61,8 +61,9 @@ class DepthPolicies:
     """A host's depth policies: a fixed depth is made per request; ``auto`` is one AutoDepth
     kept across requests, so what it learnt about costs carries over to the next prompt."""
 
-    def __init__(self) -> None:
+    def __init__(self, graph_replay: bool = False) -> None:
         self.auto = None
+        self.graph_replay = graph_replay  # the target's backend replays graphs (AutoDepth)
 
     def get(self, n_max: int | str | DepthPolicy, drafter: Proposer | None) -> DepthPolicy:
         """The policy of a checked request's n_max (GenerateOptions.check_limits)."""
@@ -74,7 +75,8 @@ class DepthPolicies:
             if drafter is None:
                 return FixedDepth(0)
             if self.auto is None:
-                self.auto = AutoDepth(drafter.spec.max_draft, window=drafter.spec.sliding_window)
+                self.auto = AutoDepth(drafter.spec.max_draft, window=drafter.spec.sliding_window,
+                                      graph_replay=self.graph_replay)
             return self.auto
         return FixedDepth(n_max)
 
@@ -112,6 +114,7 @@ def generation(host: SequenceHost, prompt_tokens: list[int], opts: GenerateOptio
         rec.generation_begins()
         rec.generation_ends(0)
         return stats, "interrupted"
+    policy.sequence_begins()
     history = list(prompt_tokens)
     n_past = len(prompt_tokens)  # the target's KV cache holds positions [0, n_past)
     emitted = [bonus]

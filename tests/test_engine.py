@@ -123,33 +123,55 @@ class PlainThenDraft(DepthPolicy):
         return max(0, self.n_plain - self.r - 1) if self.honest else 0
 
 
+def stretch_runs(eng, ref: list[int], runs: dict) -> tuple[dict, dict]:
+    """Per key of ``runs`` (a policy and the drafter's keep_capture), one generation in turn:
+    its drafts (its tokens must be ``ref``) and the switches of capture during it."""
+    d = eng.drafter
+    drafts, switches, real_set_capture = {}, {}, d.set_capture
+
+    def spy(on: bool) -> None:
+        if on != d.capturing:
+            switches[key].append(on)
+        real_set_capture(on)
+
+    d.set_capture = spy
+    for key, (policy, keep) in runs.items():
+        seen, switches[key] = [], []
+        d.keep_capture = keep
+        out = eng.generate(PROMPT, GenerateOptions(n_predict=4 * WINDOW, n_max=policy,
+                                                   trace=lambda r: seen.append(r["drafted"]) if r["depth"] else None))
+        assert out.tokens == ref
+        drafts[key] = seen
+    d.set_capture, d.keep_capture = real_set_capture, False
+    return drafts, switches
+
+
 def test_plain_steps_skip_only_rows_the_drafter_can_no_longer_see(target, drafter_gguf):
     """When the policy promises a long run of plain steps, their rows are neither captured nor
     fed to the drafter; the drafts afterwards must be exactly those of a drafter that got every
     row."""
-    drafts, switches = {}, {}
     with engine_for(target, drafter_gguf) as eng:
         ref = eng.generate(PROMPT, GenerateOptions(n_predict=4 * WINDOW, n_max=0)).tokens
-        d = eng.drafter
-        real_set_capture = d.set_capture
-
-        def spy(on: bool) -> None:
-            if on != d.capturing:
-                switches[honest].append(on)
-            real_set_capture(on)
-
-        d.set_capture = spy
-        for honest in (True, False):
-            seen, switches[honest] = [], []
-            out = eng.generate(PROMPT, GenerateOptions(
-                n_predict=4 * WINDOW, n_max=PlainThenDraft(3 * WINDOW, honest),
-                trace=lambda r: seen.append(r["drafted"]) if r["depth"] else None))
-            assert out.tokens == ref
-            drafts[honest] = seen
+        drafts, switches = stretch_runs(eng, ref, {honest: (PlainThenDraft(3 * WINDOW, honest), False)
+                                                   for honest in (True, False)})
     assert drafts[True] and drafts[True] == drafts[False]
     # capture on for the prompt (plain decoding had it off), off for the promised stretch, on
     # again for the window's rows; without a promise it stays on throughout
     assert switches[True] == [True, False, True] and switches[False] == []
+
+
+def test_where_graphs_replay_capture_stays_on_through_a_promised_stretch(target, drafter_gguf):
+    """On a backend that replays graphs (a GPU: Engine.graph_replay) a switch of capture costs
+    the next two steps their replayed graph, so the drafter keeps capture on through a promised
+    stretch of plain steps; their rows are still skipped, and the drafts afterwards are exactly
+    those of a drafter that switched capture off."""
+    with engine_for(target, drafter_gguf) as eng:
+        assert not eng.graph_replay and not eng.drafter.keep_capture  # this machine's CPU
+        ref = eng.generate(PROMPT, GenerateOptions(n_predict=4 * WINDOW, n_max=0)).tokens
+        drafts, switches = stretch_runs(eng, ref, {keep: (PlainThenDraft(3 * WINDOW, True), keep)
+                                                   for keep in (False, True)})
+    assert drafts[True] and drafts[True] == drafts[False]
+    assert switches[False] == [True, False, True] and switches[True] == []
 
 
 class ContextRecorder(PlainThenDraft):

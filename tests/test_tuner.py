@@ -233,3 +233,45 @@ def test_a_hard_start_does_not_shut_the_drafter_off():
         pair.accept = CODE
         rate, chosen = run(tuner, pair, 300)
         assert rate >= 0.8 * pair.best_rate(), (seed, chosen[:80])
+
+
+def run_replaying(policy, pair: SimPair, sequences: int, tokens: int = 96, switch=(7.0, 10.0)) -> float:
+    """Sequences of ``tokens`` tokens on a backend that replays graphs: the first rounds after a
+    change of depth, and after each sequence's prefill, cost ``switch`` more (in plain steps)."""
+    out, time, last, since = 0, 0.0, None, 0
+    for _ in range(sequences):
+        policy.sequence_begins()
+        n, since = 1, 0
+        while n < tokens:
+            k = min(policy.choose(), tokens - n - 1)
+            if last is not None and k != last:
+                since = 0
+            acc, t, catchup = pair.play(k)
+            t += switch[since] if since < len(switch) else 0.0
+            since += 1
+            policy.observe(k, acc, t, catchup)
+            n += acc + 1
+            time += t + catchup
+            last = k
+        out += n
+    return out / time
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_on_a_graph_replaying_backend_switches_are_priced_apart_from_depths(seed):
+    """Where each change of batch shape makes the next two rounds 7 and 10 plain steps dearer
+    (an H200 with the tiny pair), the tuner times only settled rounds, prices a switch at what
+    those two rounds add, and changes depth only where it pays: 0.95 of the best fixed depth
+    (which pays the same after every prefill) on code, 0.97 of plain decoding where every depth
+    loses. The same tuner without ``graph_replay`` charges the switches to the depths it
+    visits: 0.72-0.86 on code, 0.95 of plain decoding."""
+    fixed = {k: run_replaying(FixedDepth(k), SimPair(CODE, seed=seed), 40) for k in range(MAX_DEPTH + 1)}
+    tuner = AutoDepth(MAX_DEPTH, graph_replay=True)
+    assert run_replaying(tuner, SimPair(CODE, seed=seed), 40) >= 0.95 * max(fixed.values())
+    assert tuner.switch_cost() == pytest.approx(17.0, rel=0.05)
+    pair = SimPair(CODE, seed=seed)
+    assert all(abs(c - pair.cost(k)) < 1e-9 for k, c in tuner.costs.medians().items())
+    assert run_replaying(AutoDepth(MAX_DEPTH), SimPair(CODE, seed=seed), 40) < 0.9 * max(fixed.values())
+    plain = run_replaying(FixedDepth(0), SimPair(PROSE, seed=seed), 40)
+    assert run_replaying(AutoDepth(MAX_DEPTH, graph_replay=True), SimPair(PROSE, seed=seed), 40) >= 0.97 * plain
+    assert run_replaying(AutoDepth(MAX_DEPTH), SimPair(PROSE, seed=seed), 40) < 0.96 * plain

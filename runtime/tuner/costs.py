@@ -119,9 +119,10 @@ class CostModel:
         self.medians()
         return self._weight.get(depth, 0)
 
-    def timed_here(self, depth: int) -> bool:
-        """Whether ``depth`` has rounds of its own in the current context band."""
-        return (depth, self.band) in self._times
+    def timed_here(self, depth: int, reach: int = 0) -> bool:
+        """Whether ``depth`` has rounds of its own in the current context band (or one at most
+        ``reach`` bands from it)."""
+        return any((depth, b) in self._times for b in range(self.band - reach, self.band + reach + 1))
 
     def estimates(self) -> list[float]:
         """The cost of a round at each depth 0..max_depth (inf: plain decoding never timed)."""

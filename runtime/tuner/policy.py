@@ -14,9 +14,21 @@ from .costs import CostModel, context_band
 #: Exploit no depth more than this beyond the deepest timed one: past it the cost is the line's
 #: extrapolation, and exploring visits (best+1, best+2) reach it a step or two at a time.
 EXPLOIT_REACH = 2
+#: On a backend that replays graphs: the rounds after a change of batch shape that run without a
+#: replayed graph (CUDA: the first runs directly, the second is captured) ...
+SETTLE_ROUNDS = 2
+#: ... and the probes there, (depth, timed rounds) each after SETTLE_ROUNDS untimed: plain
+#: decoding first, while the prefill's change of shape is paid anyway, then one drafting depth
+#: (one switch), long enough to be the evidence that drafting loses where it does.
+GRAPH_PROBE = ((0, 2), (4, 12))
+#: ... and ``look_z`` there: each look at drafting from plain decoding costs two switches.
+GRAPH_LOOK_Z = 1.5
 
 
 class DepthPolicy:
+    def sequence_begins(self) -> None:
+        """A new sequence's prompt was just decoded; its rounds follow."""
+
     def context(self, n_past: int) -> None:
         """The next round starts with ``n_past`` positions in the target's cache."""
 
@@ -85,6 +97,27 @@ class AutoDepth(DepthPolicy):
       ``min_explore_every`` rounds. Otherwise visits are at least two drafter windows
       (2 x ``window``) apart, and :meth:`plain_rounds_ahead` promises the stretch, so the
       engine's drafter reads the rows of only its last capture horizon.
+    * **A backend that replays graphs** (``graph_replay``: CUDA keeps one captured graph per
+      context and replays it while the batch shape holds) runs the first ``SETTLE_ROUNDS``
+      rounds after any change of shape without it, several times a round's cost (an H200 with
+      the tiny pair: about 7 and 10 ms more than a settled 1.2-2.7 ms). Those rounds are never
+      timed as their depth's cost; after a change of depth within a sequence their extra time
+      over it is a *switch* (its cost: the median of recent ones). A sequence's prefill changes
+      the shape anyway, so the depth changes freely at a sequence's first round (the engine
+      says when: :meth:`sequence_begins`). There: the probes are ``GRAPH_PROBE`` (plain
+      decoding at the first sequence's start, then one drafting depth, long enough to be the
+      evidence), after which their last depth is the incumbent; visits wait for a sequence's
+      start (or start once ``max_explore_every`` rounds overdue), from plain decoding they
+      last ``look_rounds`` longer, and go no deeper than ``reach`` (1 here: a wrong guess costs
+      two switches) past the deepest timed depth, as exploiting does; a visit's budget counts
+      the switch into it within a sequence and the way back (a switch, or the rest of the
+      sequence at the visited depth, whichever costs less), and the probes count as a visit of
+      two switches. Within a sequence the depth changes only where it pays: the tokens the
+      sequence has left (the mean of past sequences less those emitted, or while none has
+      ended what it has emitted, at least 64), at the new depth's speed instead of the current
+      one's (timed depths at their own cost), must save more than a switch costs. A context
+      band counts as timed when a drafting depth was timed one band from it, and plain
+      decoding looks at drafting with acceptance ``GRAPH_LOOK_Z`` standard errors higher.
     """
 
     def __init__(self, max_depth: int, probe=(2, 4, 0), probe_rounds: int = 3,
@@ -93,17 +126,29 @@ class AutoDepth(DepthPolicy):
                  switch_margin: float = 0.05, unseen_decay: float = 0.97, cost_window: int = 31,
                  explore_turns=(1, -1, 1, -1, 2, -1, None), visit_rounds: int = 2,
                  leave_z: float = 0.0, look_z: float = 2.0, window: int = 0,
-                 min_evidence: float = 12.0) -> None:
+                 min_evidence: float = 12.0, graph_replay: bool = False) -> None:
+        self.graph_replay = graph_replay
+        self.settle = SETTLE_ROUNDS if graph_replay else 1  # rounds untimed after a change of shape
+        # a context band counts as timed when a depth was timed this many bands from it (where a
+        # visit costs switches, the projection from a neighbouring band serves)
+        self.band_reach = 1 if graph_replay else 0
+        self.look_rounds = 4  # extra rounds of a visit from plain decoding: the switches buy evidence
+        if graph_replay:
+            look_z = GRAPH_LOOK_Z
+        if graph_replay:
+            visit_rounds = SETTLE_ROUNDS + 1
         self.max_depth = max_depth
-        self.reach = EXPLOIT_REACH
+        self.reach = 1 if graph_replay else EXPLOIT_REACH  # a wrong guess costs a GPU two switches
         self.accept = AcceptanceModel(max_depth, memory=memory, unseen_decay=unseen_decay)
         self.costs = CostModel(max_depth, window=cost_window)
         self.min_evidence = min_evidence
         self.leave_z, self.look_z = leave_z, look_z
         self.window = window
-        self.ladder = [d for d in probe if d <= max_depth]
+        steps = GRAPH_PROBE if graph_replay else [(d, probe_rounds - 1) for d in probe]
+        # the probes' depth and whether it is timed, round by round
+        self._probe = [(d, i >= self.settle) for d, n in steps if d <= max_depth for i in range(self.settle + n)]
+        self._probe_len = len(self._probe)
         self.probe_rounds = probe_rounds
-        self._probe_len = len(self.ladder) * probe_rounds
         self.min_explore, self.max_explore = min_explore_every, max_explore_every
         self.explore_every = min_explore_every
         self.explore_budget = explore_budget
@@ -125,6 +170,19 @@ class AutoDepth(DepthPolicy):
         self._visit_first, self._visit_extra = False, 0.0  # its first round not seen yet; its extra time
         self._timed = True  # whether this round's time says what its depth costs
         self._context_known = False  # whether context() was called before
+        # on a backend that replays graphs (see the class docstring)
+        self._last_depth: int | None = None
+        self._seq_rounds = 0  # rounds of the current sequence so far
+        self._seq_tokens = 0  # tokens they emitted
+        self._seq_lengths: list[int] = []  # tokens of recent finished sequences
+        self._since_change = 1 << 30  # rounds since the depth changed or a sequence began
+        self._change_ours = False  # whether that was a change of depth within a sequence
+        self._change_time = 0.0  # the unsettled rounds' time since it
+        self._unresolved: list[tuple[int, float]] = []  # (depth, time) of changes not yet priced
+        self._switches: list[float] = []  # recent switch costs, a ring
+        self._switch_pos = 0
+        self._visit_midway = False  # whether the current visit began within a sequence
+        self._chose = 0  # the depth the last choose() returned (the engine may cut it at the end)
 
     # -- the models' view
 
@@ -160,7 +218,7 @@ class AutoDepth(DepthPolicy):
                 return  # nothing timed yet: the first band is where timing starts
         self._cost_cache = None
         self._next_refit = min(self._next_refit, self.rounds)
-        if sum(1 for d in range(self.max_depth + 1) if costs.timed_here(d)) < 2:
+        if sum(1 for d in range(self.max_depth + 1) if costs.timed_here(d, self.band_reach)) < 2:
             self.explore_every = self.min_explore
             self.next_explore = min(self.next_explore, self.rounds + self.min_explore)
 
@@ -183,15 +241,20 @@ class AutoDepth(DepthPolicy):
     def choose(self) -> int:
         r = self.rounds
         if r < self._probe_len:
-            depth, why = self.ladder[r // self.probe_rounds], "probe"
-            self._timed = r % self.probe_rounds != 0
+            (depth, self._timed), why = self._probe[r], "probe"
         else:
+            if self.graph_replay and r == self._probe_len:
+                self.best = self._probe[-1][0]  # the incumbent: where the probes left the graphs
             if r >= self._next_refit and (self.best != 0 or r >= self.next_explore):
                 best = self._refit()
                 if best != self.best:
                     self.explore_every = self.min_explore
                 self.best = best
                 self._next_refit = r + self.refit_every
+                if self.graph_replay and r == self._probe_len and best == 0 and not self._plain_needs_a_look():
+                    # the probes were the visit, and its two switches its cost
+                    switches = 2 * self.switch_cost() / (self.explore_budget * self.costs.estimates()[0])
+                    self.next_explore = r + min(max(2 * self.window, int(switches)), self.max_wait)
             depth, why = self.best, "exploit"
             self._timed = True
             if self._visit is not None:
@@ -199,17 +262,73 @@ class AutoDepth(DepthPolicy):
                 self._visit_left -= 1
                 if self._visit_left <= 0:
                     self._visit = None
-            elif r >= self.next_explore:
+            elif r >= self.next_explore and (not self.graph_replay or self._seq_rounds == 0
+                                             or r >= self.next_explore + self.max_explore):
                 depth, why = self._explore_depth(), "explore"
                 self.next_explore = r + self.explore_every
                 self.explore_every = min(2 * self.explore_every, self.max_explore)
                 self._visit, self._timed = depth, False
                 self._visit_left = self.visit_rounds - 1
+                if self.graph_replay and self.best == 0:
+                    self._visit_left += self.look_rounds
                 self._visit_first, self._visit_extra = True, 0.0
+                self._visit_midway = self._seq_rounds > 0
+            elif (self.graph_replay and self._seq_rounds > 0 and self._last_depth is not None
+                  and depth != self._last_depth and not self._change_pays(self._last_depth, depth)):
+                depth = self._last_depth  # the change waits for the next sequence
+        if self.graph_replay:
+            changing = self._seq_rounds > 0 and self._last_depth is not None and depth != self._last_depth
+            if changing or self._since_change < self.settle:
+                self._timed = False
         if depth != self._decision.get("depth") or why != self._decision.get("why"):
             self._decision = {"policy": "auto", "why": why, "depth": depth}
         self.chosen[depth] = self.chosen.get(depth, 0) + 1
+        self._chose = depth
         return depth
+
+    def sequence_begins(self) -> None:
+        if self._seq_rounds:
+            self._seq_lengths = (self._seq_lengths + [self._seq_tokens])[-16:]
+        self._seq_rounds = self._seq_tokens = 0
+        self._since_change, self._change_ours = 0, False
+
+    def switch_cost(self) -> float:
+        """The median extra time of the unsettled rounds after a recent change of depth within a
+        sequence (0 until one is priced; only on a backend that replays graphs)."""
+        while self._unresolved and self.costs.timed_here(self._unresolved[0][0]):
+            depth, t = self._unresolved.pop(0)
+            extra = max(0.0, t - self.settle * self.costs.estimates()[depth])
+            if len(self._switches) < 9:
+                self._switches.append(extra)
+            else:
+                self._switches[self._switch_pos] = extra
+                self._switch_pos = (self._switch_pos + 1) % 9
+        if not self._switches:
+            return 0.0
+        return sorted(self._switches)[(len(self._switches) - 1) // 2]
+
+    def _tokens_left(self) -> float:
+        if not self._seq_lengths:
+            return max(self._seq_tokens, 64)
+        mean = sum(self._seq_lengths) / len(self._seq_lengths)
+        return max(mean - self._seq_tokens, mean / 4)
+
+    def _staying_costs(self, frm: int, to: int) -> float:
+        """The time the rest of the sequence loses at depth ``frm`` against depth ``to`` (each
+        timed depth at its own cost: a depth just visited is judged by what it measured)."""
+        own = self.costs.medians()
+        cost = [own.get(d, c) for d, c in enumerate(self._cost_cache or self.costs.estimates())]
+        rates = self.throughput(cost=cost)
+        if rates[to] <= 0.0:
+            return 0.0
+        if rates[frm] <= 0.0:
+            return float("inf")
+        return self._tokens_left() * (1.0 / rates[frm] - 1.0 / rates[to])
+
+    def _change_pays(self, frm: int, to: int) -> bool:
+        """Whether moving from depth ``frm`` to ``to`` now saves more than a switch costs before
+        the sequence ends."""
+        return self._staying_costs(frm, to) > self.switch_cost()
 
     def plain_rounds_ahead(self) -> int:
         if self.best != 0 or self._visit is not None or self.rounds < self._probe_len:
@@ -219,6 +338,8 @@ class AutoDepth(DepthPolicy):
     def _explore_depth(self) -> int:
         if self.best == 0:
             tput = self.throughput()
+            if self.graph_replay:  # as far as _drafting_could_win looks
+                tput = tput[:max((k for k in self.costs.cost if k > 0), default=self.max_depth) + self.reach + 1]
             return max(range(1, len(tput)), key=tput.__getitem__)
         self._explored += 1
         step = self.explore_turns[self._explored % len(self.explore_turns)]
@@ -229,12 +350,30 @@ class AutoDepth(DepthPolicy):
 
     def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0) -> None:
         self.rounds += 1
+        if self.graph_replay:
+            self._track_shape(depth, accepted, t_round)
         exploring = self._decision.get("why") == "explore"
         self.accept.observe(depth, accepted)
         if exploring:
             self._schedule_after_exploring(depth, t_round, t_catchup)
         if self._timed:
             self.costs.add(depth, t_round)
+
+    def _track_shape(self, depth: int, accepted: int, t_round: float) -> None:
+        """Rounds since the last change of shape, and the time of the unsettled ones after a
+        change of depth within a sequence (priced as a switch once the depth has a cost)."""
+        if self._last_depth is not None and depth != self._last_depth and self._seq_rounds > 0:
+            # a round cut short at the sequence's end changes the shape too, but is no switch
+            self._since_change, self._change_ours, self._change_time = 0, depth == self._chose, 0.0
+            self._timed = False
+        if self._change_ours and self._since_change < self.settle:
+            self._change_time += t_round
+            if self._since_change == self.settle - 1:
+                self._unresolved = (self._unresolved + [(depth, self._change_time)])[-9:]
+        self._since_change += 1
+        self._seq_rounds += 1
+        self._seq_tokens += accepted + 1
+        self._last_depth = depth
 
     def _schedule_after_exploring(self, depth: int, t_round: float, t_catchup: float) -> None:
         """The budget and leaving-plain-decoding rules of the class docstring."""
@@ -253,23 +392,37 @@ class AutoDepth(DepthPolicy):
         if self._visit is not None:
             return  # the visit goes on
         extra, self._visit_extra = self._visit_extra, 0.0
-        if self.best == 0:
-            if (self.accept.evidence(1) < self.min_evidence or self._drafting_could_win()
-                    or not any(self.costs.timed_here(d) for d in range(1, self.max_depth + 1))):
-                self.explore_every = self.min_explore
-                self.next_explore = self.rounds + self.min_explore
-                return
+        if self.best == 0 and self._plain_needs_a_look():
+            self.explore_every = self.min_explore
+            self.next_explore = self.rounds + self.min_explore
+            return
         wait = min(int(max(0.0, extra) / (self.explore_budget * base)), self.max_wait)
         if self.best != 0:
             wait = min(wait, self.max_explore)
+        if self.graph_replay:
+            # the switch into the visit within a sequence, and the way back: a switch, or the rest
+            # of the sequence at the visited depth, whichever costs less
+            switch = self.switch_cost()
+            back = max(0.0, min(switch, self._staying_costs(depth, self.best)))
+            extra = switch * self._visit_midway + back
+            wait = min(wait + int(extra / (self.explore_budget * base)), self.max_wait)
         if self.best == 0:
             wait = max(wait, 2 * self.window)
         self.next_explore = max(self.next_explore, self.rounds + wait)
+
+    def _plain_needs_a_look(self) -> bool:
+        """While plain decoding is best: whether drafting is to be visited again soon (the
+        leaving-plain-decoding-alone rules of the class docstring)."""
+        return (self.accept.evidence(1) < self.min_evidence or self._drafting_could_win()
+                or not any(self.costs.timed_here(d, self.band_reach) for d in range(1, self.max_depth + 1)))
 
     def _drafting_could_win(self) -> bool:
         """Whether some depth beats plain decoding by twice the switch margin with every
         acceptance ``look_z`` standard errors higher (unreached positions keep their prior's width)."""
         tput = self.throughput(z=self.look_z)
+        if self.graph_replay:  # only depths a visit would reach: each costs switches
+            farthest = max((k for k in self.costs.cost if k > 0), default=self.max_depth) + self.reach
+            tput = tput[:farthest + 1]
         return max(tput[1:]) >= (1.0 + 2.0 * self.switch_margin) * tput[0]
 
     def decision(self) -> dict:

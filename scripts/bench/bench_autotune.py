@@ -81,7 +81,8 @@ def run_workload(engine, prompts: list[str], depths: list[int], n_predict: int, 
     plain_fixed_s: list[float] = []  # round times of fixed depth 0, for auto's time split
     engine.generate(prompts[0], GenerateOptions(n_predict=8, n_max=0))  # warm-up
     for rep in range(repeats):
-        tuner = AutoDepth(engine.drafter.spec.max_draft, window=engine.drafter.spec.sliding_window)
+        tuner = AutoDepth(engine.drafter.spec.max_draft, window=engine.drafter.spec.sliding_window,
+                          graph_replay=engine.graph_replay)
         trace: list[dict] = []
         t_policy = t_gen = 0.0
         n_rounds = 0

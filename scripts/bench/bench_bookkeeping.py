@@ -28,7 +28,8 @@ def measure(engine, prompts: list[str], n_predict: int, interleaved: bool) -> di
     from laguna_dflash.runtime.engine import GenerateOptions
     from laguna_dflash.runtime.tuner import AutoDepth
 
-    tuner = AutoDepth(engine.drafter.spec.max_draft, window=engine.drafter.spec.sliding_window)
+    tuner = AutoDepth(engine.drafter.spec.max_draft, window=engine.drafter.spec.sliding_window,
+                      graph_replay=engine.graph_replay)
     t_policy = t_total = 0.0
     rounds = 0
     for prompt in prompts:

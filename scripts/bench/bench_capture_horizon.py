@@ -85,7 +85,8 @@ def ab(target, drafter, prompts: list[str], window: int, repeats: int) -> dict[s
     with Engine.load(target, drafter) as engine:
         engine.generate(prompts[0], GenerateOptions(n_predict=8, n_max=0))  # warm-up
         for _ in range(repeats):
-            tuners = {name: AutoDepth(engine.drafter.spec.max_draft, window=window) for name in horizons}
+            tuners = {name: AutoDepth(engine.drafter.spec.max_draft, window=window, graph_replay=engine.graph_replay)
+                      for name in horizons}
             for p in prompts:
                 for name in ["plain", *horizons]:
                     engine.drafter.capture_horizon = horizons.get(name, CATCHUP_ROWS)

@@ -17,7 +17,8 @@ recorded once as a cost table. ``tests/helpers/depth_replay.py`` then plays any 
   at each depth 0..15 (a plain step reading its row for the drafter); a plain step that need
   not (the tuner promised plain steps past the drafter's window); the extra time of a round
   whose depth differs from the round before (llama.cpp rebuilds its graphs for the new batch
-  shape); the drafter's catch-up on the rows of plain steps before a drafting round (a fixed
+  shape), and of the first and second rounds at a new depth over its settled cost (a GPU's
+  backend runs both without the graph it replays from the third on); the drafter's catch-up on the rows of plain steps before a drafting round (a fixed
   part and a part per row); the spread of round times (the clock's noise) and its drift (how
   alike successive rounds' times are: a shared machine's load and the prompts' lengths move
   them together), from the autocorrelation of the fixed-depth runs' round times.
@@ -102,8 +103,10 @@ def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) ->
             without += [t for log in round_times(engine, [p], [0], n_predict, ahead=1 << 30) for _, _, t, _ in log[2:]]
     step[0] = statistics.median(with_rows)
     skip = statistics.median(without)
-    # a change of depth every other round: the first round at the new depth against the second
-    first, second = [], []
+    # a change of depth every other round: the first round at the new depth against the second,
+    # and each of the two against the depth's settled cost (a GPU's backend replays a graph
+    # only from the third round of a batch shape on: both are dearer there)
+    first, after_change = [], ([], [])
     for k in (1, 2, 4, 8):
         other = 3 if k != 3 else 5
         for log in round_times(engine, prompts[:4], [k, k, other, other] * 100, n_predict):
@@ -111,6 +114,8 @@ def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) ->
                 d, _, t, _ = log[i]
                 if d == k and log[i - 1][0] != k and log[i + 1][0] == k:
                     first.append(t - log[i + 1][2])
+                    after_change[0].append(t - step[k])
+                    after_change[1].append(log[i + 1][2] - step[k])
         progress.advance(task)
     # plain stretches of m steps, then a drafting round: the drafter reads the m rows it skipped
     rows, times = [], []
@@ -129,6 +134,7 @@ def measure_costs(engine, prompts: list[str], n_predict: int, progress, task) ->
         "round_s": step,
         "plain_skip_s": skip,
         "depth_change_s": statistics.median(first),
+        "change_s": [statistics.median(x) for x in after_change],
         "catchup_s": max(0.0, float(fixed)),
         "catchup_per_row_s": max(0.0, float(per_row)),
         # quantiles of round time / its depth's median: the replay draws its noise from these
@@ -198,7 +204,8 @@ def main(argv=None) -> int:
     write_json(args.out, result, indent=None, separators=(",", ":"))
     for name, c in result["costs"].items():
         console.print(f"{name}: round ms by depth " + " ".join(f"{1e3 * t:.2f}" for t in c["round_s"])
-                      + f"; plain step without rows {1e3 * c['plain_skip_s']:.2f}; depth change +{1e3 * c['depth_change_s']:.2f} ms"
+                      + f"; plain step without rows {1e3 * c['plain_skip_s']:.2f}; depth change {1e3 * c['depth_change_s']:+.2f} ms"
+                      + " (first and second round after it: " + " and ".join(f"{1e3 * x:+.2f}" for x in c["change_s"]) + " ms)"
                       + f"; catch-up {1e3 * c['catchup_s']:.2f} ms + {1e6 * c['catchup_per_row_s']:.0f} us/row"
                       + f"; drift phi {c['drift_phi']:.2f}, share {c['drift_share']:.2f}")
     for name, lengths in result["workloads"].items():

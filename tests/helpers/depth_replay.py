@@ -55,6 +55,12 @@ class Recording:
     # of log(round time / median). 0: every round an independent draw.
     drift_phi: float = 0.0
     drift_share: float = 0.0
+    # A backend that replays a captured graph of the last batch shape it ran (CUDA graphs; one per
+    # context): after any change of the target's batch shape, a new depth or a prompt's prefill,
+    # the first rounds run without it and cost ``change_s`` more each (the first: run directly,
+    # the second: captured). The engine then keeps capture on through promised plain stretches.
+    graph_replay: bool = False
+    change_s: tuple[float, ...] = ()  # default: (depth_change_s,) where positive, the first round only
 
     @classmethod
     def load(cls, path: Path, costs_of: str = "code") -> "Recording":
@@ -65,7 +71,8 @@ class Recording:
                    depth_change_s=c["depth_change_s"], catchup_s=c["catchup_s"],
                    catchup_per_row_s=c["catchup_per_row_s"], noise_quantiles=c["noise_quantiles"],
                    n_predict=raw["n_predict"], drafter_digest=raw.get("drafter_digest", ""), window=c["window"],
-                   drift_phi=c.get("drift_phi", 0.0), drift_share=c.get("drift_share", 0.0))
+                   drift_phi=c.get("drift_phi", 0.0), drift_share=c.get("drift_share", 0.0),
+                   graph_replay=graph_replay(raw.get("placement", "")), change_s=tuple(max(0.0, x) for x in c.get("change_s", ())))
 
     @property
     def max_depth(self) -> int:
@@ -74,6 +81,18 @@ class Recording:
     @property
     def horizon(self) -> int:
         return capture_horizon(self.window)
+
+    @property
+    def change_costs(self) -> tuple[float, ...]:
+        """The extra time of each round after a change of batch shape, the first round first."""
+        # a negative single figure (the first round at a new depth the cheaper one, a GPU's) is
+        # no saving to be had by changing depth
+        return self.change_s or (max(0.0, self.depth_change_s),)
+
+
+def graph_replay(placement: str) -> bool:
+    """Whether a recording's placement (Placement.describe()) runs the target on a GPU."""
+    return placement.startswith("target on cuda")
 
 
 @dataclass
@@ -98,9 +117,11 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
     drift_rng, slow = random.Random(f"drift-{seed}"), None  # the slow factor: log, AR(1)
     res = ReplayResult()
     last_depth = None
+    since_change = 1 << 30  # rounds since the target's batch shape changed
     for n_prompt, lengths in enumerate(prompts):
         rec = clocks[n_prompt] if clocks else rec
         q = rec.noise_quantiles
+        changes = rec.change_costs
         if rec.drift_share > 0:
             # the recorded spread split into a slow factor and a fast one (about the same
             # interquartile range: tests/test_tuner_replay.py); constant per clock
@@ -108,13 +129,17 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
             slow_keep, fast_power = (1 - rec.drift_phi ** 2) ** 0.5, (1 - rec.drift_share) ** 0.5
         n_out, pending = 1, 0  # the prefill's token; plain-step rows the drafter has not read
         skipping = False  # whether the last plain step skipped its row (capture was off)
+        if rec.graph_replay:
+            since_change = 0  # the prefill ran another batch shape
+        policy.sequence_begins()
         seconds_before = res.seconds
         while n_out < rec.n_predict:
             depth = min(policy.choose(), rec.n_predict - n_out - 1)
             # as in the engine: a plain step promised to be followed by more plain steps than
-            # the drafter reads back neither reads its row nor leaves it for a catch-up
+            # the drafter reads back does not read its row or leave it for a catch-up; where
+            # the backend does not replay graphs, it does not capture it either
             skip = depth == 0 and policy.plain_rounds_ahead() >= rec.horizon
-            t = rec.plain_skip_s if skip else rec.round_s[depth]
+            t = rec.plain_skip_s if skip and not rec.graph_replay else rec.round_s[depth]
             if noise:
                 # inverse-CDF draw between the recorded quantiles of round time / median
                 u = rng.random() * (len(q) - 1)
@@ -126,11 +151,11 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
                     factor = factor ** fast_power * math.exp(slow)
                 t *= factor
             if (last_depth is not None and depth != last_depth) or (skipping and depth == 0 and not skip):
-                # a new batch shape, or capture switched back on, rebuilds the graphs; a
-                # negative measurement (the GPU clock: there the second round at a new depth
-                # was the slower one) is no saving to be had by changing depth
-                t += max(0.0, rec.depth_change_s)
-            skipping = skip
+                since_change = 0  # a new batch shape, or capture switched back on: the graphs change
+            if since_change < len(changes):
+                t += changes[since_change]
+            since_change += 1
+            skipping = skip and not rec.graph_replay
             catchup = 0.0
             if depth == 0:
                 accepted = 0
@@ -184,14 +209,14 @@ def prompt_order(prompts: list[list[int]], seed: int) -> list[list[int]]:
 
 
 def judge(make_policy, rec: Recording, prompts: list[list[int]], seeds: int) -> Judgement:
-    """Replay ``make_policy(rec.max_depth, window=rec.window)`` and every fixed depth on
-    ``seeds`` orders of ``prompts``."""
+    """Replay ``make_policy(rec.max_depth, window=rec.window, graph_replay=rec.graph_replay)``
+    and every fixed depth on ``seeds`` orders of ``prompts``."""
     out = Judgement([], [], [], [])
     for seed in range(seeds):
         order = prompt_order(prompts, seed)
         fixed = {k: replay(FixedDepth(k), rec, order, seed=seed).tokens_per_s for k in range(rec.max_depth + 1)}
         best = max(fixed.values())
-        r = replay(make_policy(rec.max_depth, window=rec.window), rec, order, seed=seed)
+        r = replay(make_policy(rec.max_depth, window=rec.window, graph_replay=rec.graph_replay), rec, order, seed=seed)
         out.vs_best_fixed.append(r.tokens_per_s / best)
         out.vs_plain.append(r.tokens_per_s / fixed[0])
         out.choice_quality.append(choice_quality(r.depths, r.why, fixed))
@@ -214,7 +239,8 @@ def judge_stream(make_policy, recs: dict[str, Recording], seeds: int) -> dict[st
             stream += order
             clocks += [recs[n]] * len(order)
             segment += [n] * len(order)
-        r = replay(make_policy(first.max_depth, window=first.window), first, stream, seed=seed, clocks=clocks)
+        r = replay(make_policy(first.max_depth, window=first.window, graph_replay=first.graph_replay), first, stream,
+                   seed=seed, clocks=clocks)
         for n in names:
             prompts = [p for p, s in zip(stream, segment) if s == n]
             secs = sum(t for t, s in zip(r.prompt_seconds, segment) if s == n)
