@@ -150,11 +150,13 @@ def test_bundled_pair_on_the_gpu_follows_plain_greedy_up_to_near_ties():
     prompts = assets.read_prompts(assets.CODE_PROMPTS)[:3]
     cfg = EngineConfig(n_ctx=2048, n_gpu_layers=ALL_LAYERS, n_gpu_layers_draft=ALL_LAYERS)
     with Engine.load(target, drafter, cfg) as eng:
+        # the CUDA backend replays graphs: the tuner prices switches of shape, capture stays on
+        assert eng.graph_replay and eng.drafter.keep_capture and eng.policy("auto").graph_replay
         for text in prompts:
             tokens = eng.tokenize(text)
             plain = eng.generate(tokens, GenerateOptions(n_predict=64, n_max=0))
             top2 = plain_top2(eng, tokens, plain.tokens)
-            for depth in (2, 4, 15):
+            for depth in (2, 4, 15, "auto"):
                 spec = eng.generate(tokens, GenerateOptions(n_predict=64, n_max=depth))
                 assert_equal_up_to_a_near_tie(spec.tokens, plain.tokens, top2, f"n_max {depth}")
                 assert spec.stats.accepted > 0
