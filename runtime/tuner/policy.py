@@ -183,6 +183,7 @@ class AutoDepth(DepthPolicy):
         self._switch_pos = 0
         self._visit_midway = False  # whether the current visit began within a sequence
         self._chose = 0  # the depth the last choose() returned (the engine may cut it at the end)
+        self._declined_until = 0  # a declined change of depth is not asked again before this round
 
     # -- the models' view
 
@@ -273,9 +274,11 @@ class AutoDepth(DepthPolicy):
                     self._visit_left += self.look_rounds
                 self._visit_first, self._visit_extra = True, 0.0
                 self._visit_midway = self._seq_rounds > 0
-            elif (self.graph_replay and self._seq_rounds > 0 and self._last_depth is not None
-                  and depth != self._last_depth and not self._change_pays(self._last_depth, depth)):
-                depth = self._last_depth  # the change waits for the next sequence
+            elif self.graph_replay and self._seq_rounds > 0 and self._last_depth is not None and depth != self._last_depth:
+                # the change waits for the next sequence unless it pays; asked again after the next refit
+                if r < self._declined_until or not self._change_pays(self._last_depth, depth):
+                    depth = self._last_depth
+                    self._declined_until = max(self._declined_until, self._next_refit)
         if self.graph_replay:
             changing = self._seq_rounds > 0 and self._last_depth is not None and depth != self._last_depth
             if changing or self._since_change < self.settle:
@@ -289,7 +292,7 @@ class AutoDepth(DepthPolicy):
     def sequence_begins(self) -> None:
         if self._seq_rounds:
             self._seq_lengths = (self._seq_lengths + [self._seq_tokens])[-16:]
-        self._seq_rounds = self._seq_tokens = 0
+        self._seq_rounds = self._seq_tokens = self._declined_until = 0
         self._since_change, self._change_ours = 0, False
 
     def switch_cost(self) -> float:
