@@ -52,7 +52,8 @@ __all__ = ["BatchEngine", "EXACT_PASS_ROWS", "Finished", "pass_rows_bound"]
 EXACT_PASS_ROWS = 16
 
 #: Weight types whose kernels compute a row the same in a pass of any size (tinyBLAS per output
-#: element, patch 0010; the bundled Q8_0 pair at 8 sequences of up to 8 rows, tests/test_batch.py).
+#: element, patch 0010; Q8_0 plain, or repacked on x86 where every pass takes the rows kernel in
+#: groups of 16, patch 0018; the bundled Q8_0 pair at 8 sequences of up to 8 rows, tests/test_batch.py).
 #: A target with any other type gets the bound above.
 _ANY_ROWS_TYPES = frozenset({"F32", "F16", "Q8_0"})
 

@@ -1,10 +1,11 @@
 """Weight matmuls of a few-row verify pass compute each row as a one-row step does (issue 21).
 
-Patches 0011-0014 give the vendored ggml CPU backend kernels that take the few rows of a
+Patches 0011-0014 and 0018 give the vendored ggml CPU backend kernels that take the few rows of a
 speculative verify pass (up to 16) against a quantized weight at once, sharing the work on the
 weights between the rows: Q4_K in the repacked 8x8 layout (dense ``mul_mat`` and the experts'
 ``mul_mat_id``), plain Q6_K (dense, where Q6_K is not repacked) and, on x86 with AVX2, Q6_K in
-the repacked 8x8 layout, whose rows kernel takes every pass, a prompt's too, in groups of 16.
+the repacked 8x8 layout and Q8_0 in the repacked 4-column layout, whose rows kernels take every
+pass, a prompt's too, in groups of 16.
 Each computes, per row, what the one-row kernel computes, so the claim tested here is exact:
 every row of an n-row product is bit-identical to that row computed alone (which runs the
 one-row kernel). Without the patches the Q4_K rows of 4 or more (4-row gemm tiles, another
@@ -33,7 +34,9 @@ SHAPES = [
     kw.WeightShape("experts-q4_K-2048", "q4_K", 2048, 256, 16, 4),
     kw.WeightShape("experts-q4_K-512", "q4_K", 512, 512, 16, 4),
     kw.WeightShape("experts-q6_K-512", "q6_K", 512, 512, 16, 4),
-    # the bundled tiny target (Q8_0, not repacked on x86)
+    # the bundled tiny target (Q8_0, repacked on x86 with AVX2); 128 -> 4: the attention's output
+    # gate on full layers, fewer columns than the kernel's group of 8
+    kw.WeightShape("gate-q8_0-128", "q8_0", 128, 4),
     kw.WeightShape("dense-q8_0-128", "q8_0", 128, 256),
     kw.WeightShape("head-q8_0-128", "q8_0", 128, 4096),
     kw.WeightShape("dense-q8_0-256", "q8_0", 256, 128),
@@ -60,12 +63,13 @@ def test_every_row_of_a_few_row_product_is_the_row_alone(backend, shape):
                               f"(max |diff| {worst:.2e}, shared routing {shared})")
 
 
-def _assert_exact_on_constant_rows(prod, shape, row_counts, per_unit):
-    """Rows whose every activation is -(2 ** k), which Q8_K quantizes to -128 times an exact
-    scale, against weights that make each output exactly ``per_unit`` times the row's value:
-    every output must come out exactly that (experts routed row by row, r .. r + n_used)."""
+def _assert_exact_on_constant_rows(prod, shape, row_counts, per_unit, unit=1.0):
+    """Rows whose every activation is -unit * 2 ** k (unit 1: Q8_K quantizes it to -128 times an
+    exact scale; unit 127: Q8_0 to -127 times 2 ** k) against weights that make each output
+    exactly ``per_unit`` times the row's value: every output must come out exactly that (experts
+    routed row by row, r .. r + n_used)."""
     for rows in row_counts:
-        x_row = np.array([-(2.0 ** (r % 5)) for r in range(rows)], np.float32)
+        x_row = np.array([-unit * 2.0 ** (r % 5) for r in range(rows)], np.float32)
         x = np.repeat(x_row[:, None], shape.n_in, axis=1)
         ids = None
         if shape.n_expert:
@@ -107,6 +111,21 @@ def test_repacked_q6_K_products_at_the_quants_extremes_are_exact(backend, shape,
                                    shape.n_in * scale * (quant - 32))
 
 
+@pytest.mark.parametrize("shape", [s for s in SHAPES if s.type == "q8_0"], ids=lambda s: s.name)
+@pytest.mark.parametrize("quant", [127, -128], ids=["top", "bottom"])
+def test_repacked_q8_0_products_at_the_quants_extremes_are_exact(backend, shape, quant):
+    """The repacked Q8_0 kernels multiply |weight| by the activation carrying the weight's sign
+    and add two such products in int16 lanes. At the extremes (every weight quant 127, or -128,
+    whose magnitude only the unsigned operand holds; every activation -127 times a power of two,
+    quantized to -127 with that power as its scale) the lanes are the fullest they get, and the
+    product is exact in float32: n_in * quant * x."""
+    # block_q8_0: fp16 d = 1, 32 int8 quants
+    block = np.array([1.0], np.float16).tobytes() + np.full(32, quant, np.int8).tobytes()
+    raw = block * (shape.n_in // 32 * shape.n_out)
+    _assert_exact_on_constant_rows(kw.Product(backend, shape, raw=raw), shape, (1, 2, 5, 16, 17),
+                                   shape.n_in * quant, unit=127.0)
+
+
 @pytest.mark.parametrize("shape", [s for s in SHAPES if s.type in kw.REPACKED_X86], ids=lambda s: s.name)
 def test_repacked_products_match_the_plain_layout(backend, shape):
     """The repacked kernels compute what ggml's plain dot products compute, up to the order of
@@ -120,18 +139,20 @@ def test_repacked_products_match_the_plain_layout(backend, shape):
         assert np.abs(got - want).max() <= 1e-5 * scale, (shape.name, rows, float(np.abs(got - want).max()), scale)
 
 
-def test_a_q6_K_prompt_pass_computes_each_row_as_alone(backend):
-    """Passes of more than 16 rows (a prompt) over repacked Q6_K weights take the multi-row
-    kernel in groups of 16 (x86 has no AVX2 gemm tiles for Q6_K), so their rows too are the rows
-    alone."""
-    prod = kw.Product(backend, kw.WeightShape("dense-q6_K-2048", "q6_K", 2048, 256))
+@pytest.mark.parametrize("shape", [kw.WeightShape("dense-q6_K-2048", "q6_K", 2048, 256),
+                                   kw.WeightShape("dense-q8_0-256", "q8_0", 256, 132)], ids=lambda s: s.name)
+def test_a_prompt_pass_computes_each_row_as_alone(backend, shape):
+    """Passes of more than 16 rows (a prompt) over repacked Q6_K and Q8_0 weights take the
+    multi-row kernel in groups of 16 (x86 has no AVX2 gemm tiles for them), so their rows too are
+    the rows alone (132 outputs: 16 groups of 8 columns and one of 4)."""
+    prod = kw.Product(backend, shape)
     for rows in (17, 40):
         bad, worst = prod.row_mismatches(rows, seed=rows)
         assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
 
 
-def test_the_q4_K_and_q6_K_weights_are_repacked(backend):
-    """The Q4_K and Q6_K cases above test the repacked kernels only if the weights go to CPU_REPACK."""
+def test_the_q4_K_q6_K_and_q8_0_weights_are_repacked(backend):
+    """The Q4_K, Q6_K and Q8_0 cases above test the repacked kernels only if the weights go to CPU_REPACK."""
     assert backend.repack_buft is not None
 
 

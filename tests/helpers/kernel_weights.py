@@ -1,7 +1,7 @@
 """The target's weight matmuls (``ggml_mul_mat`` on a quantized weight, ``ggml_mul_mat_id`` on the
 experts) in the installed wheel's CPU backend, driven through ctypes exactly as llama.cpp runs
 them: the weight lives in the buffer llama.cpp would put it in (``CPU_REPACK`` when the backend
-repacks its type, Q4_K and Q6_K on x86; a plain CPU buffer otherwise), the activations are F32, and the
+repacks its type, Q4_K, Q6_K and Q8_0 on x86; a plain CPU buffer otherwise), the activations are F32, and the
 graph is computed by the CPU backend. No model and no llama.cpp graph are involved.
 scripts/investigate/kernel_weights.py times and checks them at XS widths;
 tests/test_verify_rows_weights.py holds the row-invariance answer.
@@ -21,7 +21,7 @@ TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_K": 12, "q6_K": 14}
 #: types whose weights llama.cpp puts in the CPU_REPACK buffer on x86 (repack.cpp's
 #: ggml_repack_get_optimal_repack_type with AVX2); the others stay in a plain CPU buffer, where
 #: the repack buffer would hold them without the traits its compute path needs
-REPACKED_X86 = {"q4_K", "q6_K"}
+REPACKED_X86 = {"q4_K", "q6_K", "q8_0"}
 
 
 class Backend:
