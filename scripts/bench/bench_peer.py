@@ -22,6 +22,11 @@ statistic is the median over repetitions, the spread min/max. Also: speculative/
 (of medians), mean accepted drafts per round, and whether each system's speculative output
 equals its own plain output in every repetition (token ids for laguna-run, text for ik).
 
+``--baseline-lib DIR`` adds an earlier build of laguna-run's libraries (a copy of an installed
+``llama_cpp/lib``) as one more system, "laguna-run (baseline)", run in a worker process with
+``LLAMA_CPP_LIB_PATH=DIR`` in the same interleaved order, so a kernel change is judged against
+the build before it on the same machine in the same minutes.
+
 Skips (exit 0, with a message) when ik_llama.cpp is not built. ik refuses drafters whose
 pre-FFN norms are named ``blk.N.ffn_norm``; ``--rename-ffn-norm`` gives ik a copy with ik's name
 (``check_ik_interop.py``) while laguna-run keeps the converter's file.
@@ -43,7 +48,66 @@ from tests.helpers.ik_interop import (
     IkFailed, ik_bin_dir, ik_command, ik_named_copy, legacy_norm_tensors, peer_snapshot, run_ik, vendored_bin_dir)
 
 OURS, IK, FLOOR = "laguna-run", "ik_llama.cpp", "llama.cpp C++ (vendored)"
+BASELINE = "laguna-run (baseline)"
 WARMUP_TOKENS = 8
+
+
+def run_ours(engine, config, prompts: list[str], n_predict: int) -> dict:
+    """One laguna-run configuration over the prompts: tokens, seconds, outputs, drafts accepted
+    and speculative rounds."""
+    from laguna_dflash.runtime.engine import GenerateOptions
+
+    out = {"n": 0, "t": 0.0, "tokens": [], "accepted": 0, "rounds": 0}
+    for p in prompts:
+        res = engine.generate(p, GenerateOptions(n_predict=n_predict, n_max=config))
+        out["n"] += res.stats.n_generated
+        out["t"] += res.stats.t_total
+        out["tokens"].append(res.tokens)
+        if config != 0:
+            out["accepted"] += res.stats.accepted
+            out["rounds"] += sum(v for d, v in res.stats.depth_rounds.items() if d > 0)
+    return out
+
+
+def serve_configs(target: Path, drafter: Path, threads: int) -> int:
+    """The baseline's worker: one engine, then one JSON request a line on stdin ({"config",
+    "prompts", "n_predict"}) answered with run_ours's result on stdout."""
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
+
+    with Engine.load(target, drafter, EngineConfig(n_threads=threads)) as engine:
+        print(json.dumps({"ready": True}), flush=True)
+        for line in sys.stdin:
+            req = json.loads(line)
+            print(json.dumps(run_ours(engine, req["config"], req["prompts"], req["n_predict"])), flush=True)
+    return 0
+
+
+class BaselineWorker:
+    """laguna-run over an earlier build's libraries, in a process of its own."""
+
+    def __init__(self, lib_dir: Path, target: Path, drafter: Path, threads: int) -> None:
+        env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib_dir)}
+        cmd = [sys.executable, "-m", "scripts.bench.bench_peer", "--serve-configs", "--drafter", str(drafter),
+               "--target", str(target), "-t", str(threads)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        if not self._reply().get("ready"):
+            raise RuntimeError(f"the baseline worker over {lib_dir} did not start")
+
+    def _reply(self) -> dict:
+        """The worker's next JSON line (lines a library printed to stdout are passed over)."""
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError("the baseline worker ended")
+
+    def run(self, config, prompts: list[str], n_predict: int) -> dict:
+        self.proc.stdin.write(json.dumps({"config": config, "prompts": prompts, "n_predict": n_predict}) + "\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 def label(config) -> str:
@@ -84,7 +148,7 @@ def plot(result: dict, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    systems = [s for s in (OURS, IK) if s in result["systems"]]
+    systems = [s for s in (OURS, BASELINE, IK) if s in result["systems"]]
     configs = list(result["systems"][OURS])
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
     width = 0.8 / len(systems)
@@ -127,9 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drafter", type=Path, help="drafter GGUF (default: the bundled one, converted by laguna-gguf convert)")
     ap.add_argument("--rename-ffn-norm", action="store_true",
                     help="give ik a copy with blk.N.ffn_norm renamed to its blk.N.post_attention_norm")
+    ap.add_argument("--baseline-lib", type=Path,
+                    help="an earlier build's llama_cpp/lib, run as one more laguna-run system (a worker process)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
+    ap.add_argument("--serve-configs", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--target", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.serve_configs:
+        return serve_configs(args.target, args.drafter, args.threads)
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -144,11 +214,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.repetitions < 1 or args.prompts < 1 or args.n_predict < 1:
         console.print("--repetitions, --prompts and -n: expected >= 1")
         return 2
+    if args.baseline_lib and not (args.baseline_lib / "libllama.so").is_file():
+        console.print(f"--baseline-lib {args.baseline_lib}: expected a llama_cpp/lib folder holding libllama.so")
+        return 2
     depths = [int(d) for d in args.depths.split(",") if d.strip()]
 
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.cores import cpu_facts
-    from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.engine import Engine, EngineConfig
 
     target = assets.TINY_TARGET
     drafter = args.drafter or assets.converted_tiny_drafter()
@@ -167,14 +240,20 @@ def main(argv: list[str] | None = None) -> int:
 
     ours_configs: list = [0, *depths, "auto"]
     ik_configs = [0, *depths]
-    tps = {OURS: {label(c): [] for c in ours_configs}, IK: {label(c): [] for c in ik_configs}}
-    rounds = {s: {label(c): [0, 0] for c in cfgs} for s, cfgs in ((OURS, ours_configs), (IK, ik_configs))}
-    equal = {s: {label(c): True for c in cfgs if c != 0} for s, cfgs in ((OURS, ours_configs), (IK, ik_configs))}
+    ours_systems = [OURS, BASELINE] if args.baseline_lib else [OURS]
+    system_configs = [*((s, ours_configs) for s in ours_systems), (IK, ik_configs)]
+    tps = {s: {label(c): [] for c in cfgs} for s, cfgs in system_configs}
+    rounds = {s: {label(c): [0, 0] for c in cfgs} for s, cfgs in system_configs}
+    equal = {s: {label(c): True for c in cfgs if c != 0} for s, cfgs in system_configs}
     same_plain_text = True  # ik's plain text equals laguna-run's plain text, every prompt
     floor_tps: list[float] = []
     load = {"before": os.getloadavg(), "per_repetition": []}  # 1-, 5-, 15-minute; 1-minute after each repetition
 
+    baseline = BaselineWorker(args.baseline_lib, target, drafter, args.threads) if args.baseline_lib else None
     with Engine.load(target, drafter, EngineConfig(n_threads=args.threads)) as engine:
+        runners = {OURS: lambda c, ps, n: run_ours(engine, c, ps, n)}
+        if baseline:
+            runners[BASELINE] = baseline.run
         prompt_tokens = [len(engine.tokenize(p)) for p in prompts]
         floor_depth = round(statistics.mean(prompt_tokens))
         floor_cmd = floor_command(floor_bin, target, args.n_predict, floor_depth, args.threads) if floor_bin else None
@@ -189,33 +268,32 @@ def main(argv: list[str] | None = None) -> int:
                               "a copy with its post_attention_norm name")
             return 1
         for c in ours_configs:  # warm-up: graph reservation and cold caches, as laguna-run bench does
-            engine.generate(prompts[0], GenerateOptions(n_predict=WARMUP_TOKENS, n_max=c))
+            for run in runners.values():
+                run(c, prompts[:1], WARMUP_TOKENS)
 
-        per_rep = len(ours_configs) + len(ik_configs) + (1 if floor_cmd else 0)
+        per_rep = len(ours_configs) * len(runners) + len(ik_configs) + (1 if floor_cmd else 0)
         t_start = time.time()
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=console, transient=True) as progress:
             task = progress.add_task("peer bench", total=args.repetitions * per_rep)
             for rep in range(args.repetitions):
                 plain_ours = plain_ik = None
-                for c in ours_configs:
-                    progress.update(task, description=f"rep {rep + 1}: {OURS} {label(c)}")
-                    n = t = 0.0
-                    outs = []
-                    for p in prompts:
-                        res = engine.generate(p, GenerateOptions(n_predict=args.n_predict, n_max=c))
-                        n += res.stats.n_generated
-                        t += res.stats.t_total
-                        outs.append(res.tokens)
+                for name, run in runners.items():
+                    plain_tokens = None
+                    for c in ours_configs:
+                        progress.update(task, description=f"rep {rep + 1}: {name} {label(c)}")
+                        res = run(c, prompts, args.n_predict)
+                        tps[name][label(c)].append(res["n"] / res["t"])
                         if c != 0:
-                            rounds[OURS][label(c)][0] += res.stats.accepted
-                            rounds[OURS][label(c)][1] += sum(v for d, v in res.stats.depth_rounds.items() if d > 0)
-                    tps[OURS][label(c)].append(n / t)
-                    if c == 0:
-                        plain_ours = [engine.detokenize(o) for o in outs], outs
-                    elif outs != plain_ours[1]:
-                        equal[OURS][label(c)] = False
-                    progress.advance(task)
+                            rounds[name][label(c)][0] += res["accepted"]
+                            rounds[name][label(c)][1] += res["rounds"]
+                        if c == 0:
+                            plain_tokens = res["tokens"]
+                            if name == OURS:
+                                plain_ours = [engine.detokenize(o) for o in plain_tokens], plain_tokens
+                        elif res["tokens"] != plain_tokens:
+                            equal[name][label(c)] = False
+                        progress.advance(task)
                 for c in ik_configs:
                     progress.update(task, description=f"rep {rep + 1}: {IK} {label(c)}")
                     runs = run_ik(ik_bin, target, ik_drafter if c else None, c, prompts, args.n_predict,
@@ -237,10 +315,12 @@ def main(argv: list[str] | None = None) -> int:
                     progress.advance(task)
                 load["per_repetition"].append(os.getloadavg()[0])
         wall = time.time() - t_start
+    if baseline:
+        baseline.close()
     load["after"] = os.getloadavg()
 
     systems: dict = {}
-    for name in (OURS, IK):
+    for name in tps:
         plain = statistics.median(tps[name]["plain"])
         systems[name] = {}
         for cfg, samples in tps[name].items():
@@ -256,14 +336,19 @@ def main(argv: list[str] | None = None) -> int:
         "ours_best_over_ik_best": systems[OURS][best[OURS]]["median"] / systems[IK][best[IK]]["median"],
         "ours_auto_over_ik_best": systems[OURS]["auto"]["median"] / systems[IK][best[IK]]["median"],
         "best_depth": best,
+        "ours_plain_over_ik_plain": systems[OURS]["plain"]["median"] / systems[IK]["plain"]["median"],
         "ik_plain_text_equals_ours": same_plain_text,
     }
+    if baseline:
+        verdict["ours_over_baseline"] = {c: systems[OURS][c]["median"] / systems[BASELINE][c]["median"]
+                                         for c in systems[OURS]}
     result = {
         "command": command_line(__file__, argv),
         "statistic": "median over repetitions of tokens generated / generation seconds (prefill excluded) "
                      "over all prompts; spread min/max; ratio_to_plain = median / plain median of the same system",
         "settings": {"prompts": len(prompts), "prompt_tokens": prompt_tokens, "n_predict": args.n_predict,
                      "threads": args.threads, "repetitions": args.repetitions, "depths": depths,
+                     "baseline_lib": str(args.baseline_lib) if args.baseline_lib else None,
                      "target": target.name, "drafter": drafter.name, "ik_drafter": ik_drafter.name},
         "peer_snapshot": snapshots,
         "commands": {IK: ik_command(ik_bin, target, ik_drafter, 4, Path("PROMPTS.jsonl"), args.n_predict,
@@ -290,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
         f = result["cpp_floor"]
         table.add_row(FLOOR, "plain", f"{f['median']:.1f}", f"{f['min']:.1f}", f"{f['max']:.1f}", "-", "-", "-")
     console.print(table)
+    console.print(f"laguna-run plain / ik plain, medians: {verdict['ours_plain_over_ik_plain']:.2f}x")
+    if baseline:
+        console.print("laguna-run / its baseline build, medians: " + ", ".join(
+            f"{c} {r:.2f}x" for c, r in verdict["ours_over_baseline"].items()))
     console.print(f"laguna-run best fixed depth ({best[OURS]}) / ik best depth ({best[IK]}), medians: "
                   f"{verdict['ours_best_over_ik_best']:.2f}x (laguna-run auto: "
                   f"{systems[OURS]['auto']['median'] / systems[IK][best[IK]]['median']:.2f}x)")
