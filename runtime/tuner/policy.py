@@ -134,9 +134,7 @@ class AutoDepth(DepthPolicy):
         self.band_reach = 1 if graph_replay else 0
         self.look_rounds = 4  # extra rounds of a visit from plain decoding: the switches buy evidence
         if graph_replay:
-            look_z = GRAPH_LOOK_Z
-        if graph_replay:
-            visit_rounds = SETTLE_ROUNDS + 1
+            look_z, visit_rounds = GRAPH_LOOK_Z, SETTLE_ROUNDS + 1
         self.max_depth = max_depth
         self.reach = 1 if graph_replay else EXPLOIT_REACH  # a wrong guess costs a GPU two switches
         self.accept = AcceptanceModel(max_depth, memory=memory, unseen_decay=unseen_decay)
@@ -223,11 +221,15 @@ class AutoDepth(DepthPolicy):
             self.explore_every = self.min_explore
             self.next_explore = min(self.next_explore, self.rounds + self.min_explore)
 
+    def _reachable(self) -> int:
+        """The deepest depth to exploit: ``reach`` beyond the deepest timed one."""
+        return max((k for k in self.costs.cost if k > 0), default=self.max_depth) + self.reach
+
     def _refit(self) -> int:
         self.accept.forget_unseen(self.rounds)
         cost = self._cost_cache = self.costs.estimates()
         rates = self.throughput(cost=cost)
-        farthest = max((k for k in self.costs.cost if k > 0), default=self.max_depth) + self.reach
+        farthest = self._reachable()
         best, best_rate = 0, rates[0]
         current_rate = rates[self.best]
         for i in range(1, self.max_depth + 1):
@@ -342,7 +344,7 @@ class AutoDepth(DepthPolicy):
         if self.best == 0:
             tput = self.throughput()
             if self.graph_replay:  # as far as _drafting_could_win looks
-                tput = tput[:max((k for k in self.costs.cost if k > 0), default=self.max_depth) + self.reach + 1]
+                tput = tput[:self._reachable() + 1]
             return max(range(1, len(tput)), key=tput.__getitem__)
         self._explored += 1
         step = self.explore_turns[self._explored % len(self.explore_turns)]
@@ -424,8 +426,7 @@ class AutoDepth(DepthPolicy):
         acceptance ``look_z`` standard errors higher (unreached positions keep their prior's width)."""
         tput = self.throughput(z=self.look_z)
         if self.graph_replay:  # only depths a visit would reach: each costs switches
-            farthest = max((k for k in self.costs.cost if k > 0), default=self.max_depth) + self.reach
-            tput = tput[:farthest + 1]
+            tput = tput[:self._reachable() + 1]
         return max(tput[1:]) >= (1.0 + 2.0 * self.switch_margin) * tput[0]
 
     def decision(self) -> dict:
