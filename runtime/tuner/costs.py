@@ -8,7 +8,10 @@ Rules:
   3.0 plain steps at 512 tokens, 2.6 at 2k, 2.0 at 8k, 1.9 at 32k): within a doubling the
   ratio moves by about a tenth at most, as much as the margin a switch needs, across 32x it
   moves by a third. Without context reports (:meth:`CostModel.set_context` never called)
-  every sample is in one band and the rules below are those of a single context.
+  every sample is in one band and the rules below are those of a single context. Where
+  timing a depth costs switches (a GPU's replayed graphs: ``AutoDepth``) a band spans
+  ``band_doublings`` = 3 doublings, so that a short request's prompt and its output mostly
+  share one, and long contexts still get bands of their own.
 * A depth's own cost is the lower median of its last ``window`` timed rounds in the current
   band: one stall of a shared machine moves it by one rank at most, and of two samples it
   takes the one not stalled.
@@ -47,15 +50,17 @@ MISFIT_MIN_SAMPLES = 3
 _INF = float("inf")
 
 
-def context_band(n_past: int) -> int:
-    """The band of a context length: contexts within a doubling of each other share or neighbour one."""
-    return n_past.bit_length()
+def context_band(n_past: int, doublings: int = 1) -> int:
+    """The band of a context length: contexts within ``doublings`` doublings of each other
+    share or neighbour one."""
+    return n_past.bit_length() // doublings
 
 
 class CostModel:
-    def __init__(self, max_depth: int, window: int = 31) -> None:
+    def __init__(self, max_depth: int, window: int = 31, band_doublings: int = 1) -> None:
         self.max_depth = max_depth
         self.window = window
+        self.band_doublings = band_doublings
         self.band = 0  # the context band of the rounds now being timed
         self.cost: dict[int, float] = {}  # each depth's cost in the current band: own median or projected
         self._weight: dict[int, int] = {}  # the rounds behind each entry of ``cost``
@@ -67,9 +72,12 @@ class CostModel:
 
     def set_context(self, n_past: int) -> None:
         """The context length of the rounds to come."""
-        band = context_band(n_past)
+        band = self.band_of(n_past)
         if band != self.band:
             self.band, self._stale = band, True
+
+    def band_of(self, n_past: int) -> int:
+        return context_band(n_past, self.band_doublings)
 
     def add(self, depth: int, seconds: float) -> None:
         """One timed round at ``depth`` (in the current context band)."""

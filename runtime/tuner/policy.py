@@ -9,7 +9,7 @@ plain decoding step. How ``auto`` was tuned and judged:
 from __future__ import annotations
 
 from .acceptance import AcceptanceModel
-from .costs import CostModel, context_band
+from .costs import CostModel
 
 #: Exploit no depth more than this beyond the deepest timed one: past it the cost is the line's
 #: extrapolation, and exploring visits (best+1, best+2) reach it a step or two at a time.
@@ -116,8 +116,9 @@ class AutoDepth(DepthPolicy):
       sequence has left (the mean of past sequences less those emitted, or while none has
       ended what it has emitted, at least 64), at the new depth's speed instead of the current
       one's (timed depths at their own cost), must save more than a switch costs. A context
-      band counts as timed when a drafting depth was timed one band from it, and plain
-      decoding looks at drafting with acceptance ``GRAPH_LOOK_Z`` standard errors higher.
+      band spans three doublings and counts as timed when a drafting depth was timed one band
+      from it, and plain decoding looks at drafting with acceptance ``GRAPH_LOOK_Z`` standard
+      errors higher.
     """
 
     def __init__(self, max_depth: int, probe=(2, 4, 0), probe_rounds: int = 3,
@@ -138,7 +139,7 @@ class AutoDepth(DepthPolicy):
         self.max_depth = max_depth
         self.reach = 1 if graph_replay else EXPLOIT_REACH  # a wrong guess costs a GPU two switches
         self.accept = AcceptanceModel(max_depth, memory=memory, unseen_decay=unseen_decay)
-        self.costs = CostModel(max_depth, window=cost_window)
+        self.costs = CostModel(max_depth, window=cost_window, band_doublings=3 if graph_replay else 1)
         self.min_evidence = min_evidence
         self.leave_z, self.look_z = leave_z, look_z
         self.window = window
@@ -208,7 +209,7 @@ class AutoDepth(DepthPolicy):
 
     def context(self, n_past: int) -> None:
         costs = self.costs
-        if context_band(n_past) == costs.band and self._context_known:
+        if costs.band_of(n_past) == costs.band and self._context_known:
             return
         costs.set_context(n_past)
         if not self._context_known:

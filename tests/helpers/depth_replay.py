@@ -110,9 +110,12 @@ class ReplayResult:
 
 
 def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: int = 0,
-           noise: bool = True, clocks: list[Recording] | None = None) -> ReplayResult:
+           noise: bool = True, clocks: list[Recording] | None = None,
+           prompt_tokens: list[int] | None = None) -> ReplayResult:
     """Generate ``rec.n_predict`` tokens for each prompt's match lengths, in order, with one policy.
-    ``clocks``: per prompt, the recording whose costs apply (a stream of mixed content)."""
+    ``clocks``: per prompt, the recording whose costs apply (a stream of mixed content).
+    ``prompt_tokens``: per prompt, its length; the policy is then told each round's context, as
+    the engine tells it (the costs do not depend on it)."""
     rng = random.Random(seed)
     drift_rng, slow = random.Random(f"drift-{seed}"), None  # the slow factor: log, AR(1)
     res = ReplayResult()
@@ -134,6 +137,8 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
         policy.sequence_begins()
         seconds_before = res.seconds
         while n_out < rec.n_predict:
+            if prompt_tokens:
+                policy.context(prompt_tokens[n_prompt] + n_out - 1)
             depth = min(policy.choose(), rec.n_predict - n_out - 1)
             # as in the engine: a plain step promised to be followed by more plain steps than
             # the drafter reads back does not read its row or leave it for a catch-up; where
