@@ -20,9 +20,9 @@ on the same GGUF pair, the same chat template (the target GGUF's), greedy, the s
 KV cache (both servers' default; ik_llama.cpp's CPU flash attention has no F32 cache), a 16k
 context and its prompt cache on (a slot keeps the last prompt):
 
-- laguna-run serve: plain (no drafter), each ``--ours`` depth;
-- ik_llama.cpp llama-server ``--jinja``: plain (no drafter), ``--spec-type dflash:n_max=N`` per
-  ``--ik`` depth.
+- laguna-run serve: each ``--ours`` depth (0: plain, no drafter);
+- ik_llama.cpp llama-server ``--jinja``: each ``--ik`` depth, ``--spec-type dflash:n_max=N`` (0:
+  plain, no drafter).
 
 Every request says ``parallel_tool_calls: true``, OpenAI's default, which laguna-run serve also
 assumes when it is absent; llama-server assumes false and keeps only the first of several calls.
@@ -349,14 +349,14 @@ def replay(args) -> int:
     console = Console(width=max(Console().width, 120))
     recording = args.recording_data
     ik_binary = ik_server_binary()
-    configs = [Config(OURS, d, api) for api in args.api for d in [0, *args.ours]]
+    configs = [Config(OURS, d, api) for api in args.api for d in args.ours]
     ik_drafter = None
     if ik_binary is None:
         console.print("ik_llama.cpp's llama-server is not built (scripts/bench/build_peer.sh ik): laguna-run only")
     else:
         drafter = assets.converted_agent_drafter()
         ik_drafter = ik_named_copy(drafter)
-        configs += [Config(IK, d, api) for api in args.api for d in [0, *args.ik]]
+        configs += [Config(IK, d, api) for api in args.api for d in args.ik]
     runs: dict[str, list[list[dict]]] = {c.name: [] for c in configs}
     load = {"before": os.getloadavg(), "per_repetition": []}
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -410,7 +410,8 @@ def summarise(recording: dict, configs: list[Config], runs: dict[str, list[list[
             "server": c.server, "depth": c.depth, "api": c.api, "wall_s": spread(walls),
             "turns_calls_right": sum(t["calls_right_every_repetition"] for t in turns),
             "turns_same_reply": sum(t["same_reply_every_repetition"] for t in turns),
-            "turns_same_as_own_plain": sum(bool(t["same_as_own_plain"]) for t in turns),
+            "turns_same_as_own_plain": (sum(bool(t["same_as_own_plain"]) for t in turns)
+                                        if c.plain.name in runs else None),  # None: plain not run
             "ttft_s_median_over_turns": statistics.median(t["ttft_s"] for t in turns),
             "tokens_generated": sum(t["completion_tokens"] for t in turns),
             "cached_share": (sum(t["cached_tokens"] or 0 for t in turns) / sum(t["prompt_tokens"] or 0 for t in turns)
@@ -456,7 +457,8 @@ def show(console, result: dict, Table) -> None:
         table.add_row(name, f"{w['median']:.2f}", f"{w['min']:.2f}-{w['max']:.2f}",
                       f"{s['ttft_s_median_over_turns'] * 1000:.0f} ms", str(s["tokens_generated"]),
                       f"{s['cached_share']:.1%}" if s["cached_share"] is not None else "-",
-                      str(s["turns_calls_right"]), str(s["turns_same_reply"]), str(s["turns_same_as_own_plain"]))
+                      str(s["turns_calls_right"]), str(s["turns_same_reply"]),
+                      "-" if s["turns_same_as_own_plain"] is None else str(s["turns_same_as_own_plain"]))
     console.print(table)
     for api, v in result["verdicts"].items():
         if not v:
@@ -506,10 +508,10 @@ def main(argv: list[str] | None = None) -> int:
     rec.add_argument("-t", "--threads", type=int, default=2)
     rep = sub.add_parser("replay", help="replay a recorded session against both servers")
     rep.add_argument("--recording", type=Path, default=REPO / "scripts" / "bench" / "data" / "agent-session.json")
-    rep.add_argument("--ours", type=int_list(1, 15, ("auto",)), default=(1, 2, 3, 4, "auto"),
-                     help="laguna-run serve depths besides plain (comma-separated; auto: tuned online)")
-    rep.add_argument("--ik", type=int_list(1, 15), default=(1, 2, 3, 4),
-                     help="ik_llama.cpp dflash n_max values besides plain (comma-separated)")
+    rep.add_argument("--ours", type=int_list(0, 15, ("auto",)), default=(0, 1, 2, 3, 4, "auto"),
+                     help="laguna-run serve depths (comma-separated; 0: plain, auto: tuned online)")
+    rep.add_argument("--ik", type=int_list(0, 15), default=(0, 1, 2, 3, 4),
+                     help="ik_llama.cpp dflash n_max values (comma-separated; 0: plain)")
     rep.add_argument("--api", type=lambda v: tuple(dict.fromkeys(v.split(","))), default=("chat",),
                      help="APIs to replay through, comma-separated: chat (/v1/chat/completions), messages "
                           "(/v1/messages, Anthropic's; the same turns as Messages requests)")
