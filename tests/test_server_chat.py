@@ -197,6 +197,15 @@ def test_tool_choice_none_and_parallel_tool_calls_false(srv, models):
     assert one.finish_reason == "tool_calls" and len(one.message.tool_calls) == 1
 
 
+def test_a_request_without_tools_gets_call_markup_as_text(srv, models):
+    # no tool is declared, so a call would name an undeclared one (as llama-server, the text)
+    c = client(srv)
+    with scripted(models[0]) as script:
+        script.say(CALL)
+        reply = c.chat.completions.create(model="m", messages=OK).choices[0]
+    assert reply.finish_reason == "stop" and reply.message.content == CALL and not reply.message.tool_calls
+
+
 def test_a_call_cut_by_max_tokens_is_no_call_but_its_text(srv, models):
     # an agent would run the truncated call {"city": "Par"}: it gets the text and "length"
     c = client(srv)

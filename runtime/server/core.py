@@ -212,8 +212,10 @@ class Server:
         self.check_length(sum(_text_length(m.get("content")) for m in call.messages), call.param("prompt"))
         try:
             with template_limits.bounded(max_chars=template_limits.chars_for_context(self.n_ctx)):
+                # without tools a call could name no declared tool: its markup stays text
+                choice = call.tool_choice if call.tools or call.tool_choice not in (None, "auto") else "none"
                 return ChatTurn.render(
-                    self.template, call.messages, tools=call.tools or (), tool_choice=call.tool_choice,
+                    self.template, call.messages, tools=call.tools or (), tool_choice=choice,
                     parallel_tool_calls=call.parallel_tool_calls,
                     template_kwargs=merge_template_kwargs(self.settings.chat_template_kwargs, call.template_kwargs),
                     add_generation_prompt=add_generation_prompt, bos_token=self.bos, eos_token=self.eos)
