@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
+from helpers.scripted_model import scripted  # noqa: E402
 from server_harness import LiveServer, bundled_models, make_pool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,11 +67,17 @@ def opencode() -> Path:
 
 
 @pytest.fixture(scope="module")
-def srv():
-    with bundled_models("agent") as (target, path, drafter):
-        with LiveServer(make_pool(target, path, drafter, n_ctx=N_CTX, kv_type="f16", n_threads=2),
-                        model_id=MODEL, chat_template=None, chat_template_source=None, api_key=KEY) as s:
-            yield s
+def pair():
+    with bundled_models("agent") as models:
+        yield models
+
+
+@pytest.fixture(scope="module")
+def srv(pair):
+    target, path, drafter = pair
+    with LiveServer(make_pool(target, path, drafter, n_ctx=N_CTX, kv_type="f16", n_threads=2),
+                    model_id=MODEL, chat_template=None, chat_template_source=None, api_key=KEY) as s:
+        yield s
 
 
 @pytest.fixture
@@ -108,6 +115,27 @@ def answered_only_ok(before: dict, after: dict, endpoint: str) -> None:
 
 
 @pytest.mark.slow
+def test_claude_code_runs_a_tool_round_through_the_server(claude, srv, pair, workspace):
+    # the tiny pair's own replies never end on Claude Code's prompt (below): here its choices
+    # are scripted, and every other part is real: Claude Code's requests, the server's
+    # rendering, constraint, streaming events, tool_use and tool_result, Claude Code's Read tool
+    before = served(srv)
+    with scripted(pair[0]) as script:
+        script.say(f"Read it.</think><tool_call>Read<arg_key>file_path</arg_key><arg_value>{workspace}/calc.py"
+                   "</arg_value></tool_call>",
+                   "It returns a + b.</think>add returns the sum of its two arguments, a + b.")
+        r = run([str(claude), "-p", TASK, "--model", MODEL, "--output-format", "json"], workspace,
+                ANTHROPIC_BASE_URL=srv.url, ANTHROPIC_API_KEY=KEY)
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(r.stdout)
+    assert result.get("is_error") is False and result["num_turns"] == 2, result
+    assert result["result"].strip() == "add returns the sum of its two arguments, a + b.", result
+    answered_only_ok(before, served(srv), "messages")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="the tiny pair never ends its answer on Claude Code's 22.6k-token prompt "
+                                       "(it degenerates into repetition; docs/agents.md)")
 def test_claude_code(claude, srv, workspace):  # the CLI first: skipped before the server starts
     before = served(srv)
     r = run([str(claude), "-p", TASK, "--model", MODEL, "--output-format", "json"], workspace,
