@@ -75,7 +75,9 @@ def pair():
 @pytest.fixture(scope="module")
 def srv(pair):
     target, path, drafter = pair
-    with LiveServer(make_pool(target, path, drafter, n_ctx=N_CTX, kv_type="f16", n_threads=2),
+    # one thread: beside other work, two threads wait for each other at every barrier, and
+    # Claude Code's 22.6k-token prefill took over 14 minutes instead of about one
+    with LiveServer(make_pool(target, path, drafter, n_ctx=N_CTX, kv_type="f16", n_threads=1),
                     model_id=MODEL, chat_template=None, chat_template_source=None, api_key=KEY) as s:
         yield s
 
