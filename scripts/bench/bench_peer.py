@@ -101,7 +101,8 @@ class BaselineWorker:
         raise RuntimeError("the baseline worker ended")
 
     def run(self, config, prompts: list[str], n_predict: int) -> dict:
-        self.proc.stdin.write(json.dumps({"config": config, "prompts": prompts, "n_predict": n_predict}) + "\n")
+        request = json.dumps({"config": config, "prompts": prompts, "n_predict": n_predict})
+        self.proc.stdin.write(request + "\n")  # a line to the worker's pipe, not a result file
         self.proc.stdin.flush()
         return self._reply()
 
