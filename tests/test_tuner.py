@@ -235,9 +235,11 @@ def test_a_hard_start_does_not_shut_the_drafter_off():
         assert rate >= 0.8 * pair.best_rate(), (seed, chosen[:80])
 
 
-def run_replaying(policy, pair: SimPair, sequences: int, tokens: int = 96, switch=(7.0, 10.0)) -> float:
+def run_replaying(policy, pair: SimPair, sequences: int, tokens: int = 96, switch=(7.0, 10.0),
+                  log: list | None = None) -> float:
     """Sequences of ``tokens`` tokens on a backend that replays graphs: the first rounds after a
-    change of depth, and after each sequence's prefill, cost ``switch`` more (in plain steps)."""
+    change of depth, and after each sequence's prefill, cost ``switch`` more (in plain steps).
+    ``log``: gets each round's depth, the policy's decision and its best depth."""
     out, time, last, since = 0, 0.0, None, 0
     for _ in range(sequences):
         policy.sequence_begins()
@@ -249,6 +251,8 @@ def run_replaying(policy, pair: SimPair, sequences: int, tokens: int = 96, switc
             acc, t, catchup = pair.play(k)
             t += switch[since] if since < len(switch) else 0.0
             since += 1
+            if log is not None:
+                log.append((k, dict(policy.decision()), policy.best))
             policy.observe(k, acc, t, catchup)
             n += acc + 1
             time += t + catchup
@@ -275,3 +279,28 @@ def test_on_a_graph_replaying_backend_switches_are_priced_apart_from_depths(seed
     plain = run_replaying(FixedDepth(0), SimPair(PROSE, seed=seed), 40)
     assert run_replaying(AutoDepth(MAX_DEPTH, graph_replay=True), SimPair(PROSE, seed=seed), 40) >= 0.97 * plain
     assert run_replaying(AutoDepth(MAX_DEPTH), SimPair(PROSE, seed=seed), 40) < 0.96 * plain
+
+
+def test_on_a_graph_replaying_backend_a_refused_move_to_plain_decoding_does_not_hold_to_the_end():
+    """A drafter that stops matching within a sequence (run 3 on an H200, the degraded drafter:
+    222 drafting rounds where plain decoding was the faster). The acceptance model still carries
+    the earlier sequences, so the move to plain decoding first looks like it does not pay for
+    its switch; asked again with fewer tokens left it paid less, and the depth kept ran to the
+    sequence's end (here 500 rounds). A refused round is traced as such ("stay", with the depth
+    the change would go to), not as exploiting the depth kept."""
+    tuner = AutoDepth(MAX_DEPTH, graph_replay=True)
+    pair = SimPair(CODE, seed=0)
+    run_replaying(tuner, pair, 6)  # drafting wins; the switch cost is learnt
+    assert tuner.best > 0 and tuner.switch_cost() == pytest.approx(17.0, rel=0.05)
+    pair.accept = lambda i: 0.02
+    log: list = []
+    run_replaying(tuner, pair, 1, tokens=600, log=log)
+    held, longest = 0, 0
+    for k, decision, best in log:
+        held = held + 1 if k > 0 and best == 0 and decision["why"] != "explore" else 0
+        longest = max(longest, held)
+        if held:
+            assert decision == {"policy": "auto", "why": "stay", "depth": k, "best": 0}
+    # a drafting round here loses 0.75 of a plain step against one, a switch costs 17: the
+    # refused rounds lose a switch's worth in 23 rounds, asked again at the next refit
+    assert 0 < longest <= 32, [k for k, _, _ in log]

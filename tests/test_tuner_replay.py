@@ -309,6 +309,9 @@ def test_settle_round_is_strict():
     assert settle_round([2, 4, 1, 3, 3, 3, 3, 3], why, {3}) == 3
     assert settle_round([2, 4, 3, 3, 3, 3, 3, 1], why, {3}) is None
     assert choice_quality([2, 4, 1, 3], ["probe", "probe", "exploit", "exploit"], {1: 50.0, 3: 100.0}, start=0) == 0.75
+    # a depth kept where a change was refused is as much the tuner's choice
+    assert choice_quality([2, 4, 1, 3], ["probe", "probe", "stay", "exploit"], {1: 50.0, 3: 100.0}, start=0) == 0.75
+    assert settle_round([2, 4, 3, 3, 1, 3], ["probe"] * 2 + ["exploit", "exploit", "stay", "exploit"], {3}) == 5
 
 
 def _repeats(n: int, seed: int, spread: float = 0.05) -> tuple[dict, dict]:

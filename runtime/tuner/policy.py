@@ -115,7 +115,10 @@ class AutoDepth(DepthPolicy):
       two switches. Within a sequence the depth changes only where it pays: the tokens the
       sequence has left (the mean of past sequences less those emitted, or while none has
       ended what it has emitted, at least 64), at the new depth's speed instead of the current
-      one's (timed depths at their own cost), must save more than a switch costs. A context
+      one's (timed depths at their own cost), must save more than a switch costs, or, for a
+      change to plain decoding, the rounds run since it was first refused must have lost a
+      switch's worth against as many plain steps; the trace calls a refused round ``stay``
+      (with ``best``, where the change would go). A context
       band spans three doublings and counts as timed when a drafting depth was timed one band
       from it, and plain decoding looks at drafting with acceptance ``GRAPH_LOOK_Z`` standard
       errors higher.
@@ -183,6 +186,7 @@ class AutoDepth(DepthPolicy):
         self._visit_midway = False  # whether the current visit began within a sequence
         self._chose = 0  # the depth the last choose() returned (the engine may cut it at the end)
         self._declined_until = 0  # a declined change of depth is not asked again before this round
+        self._stay_rounds = self._stayed = 0  # rounds and tokens at the depth kept since then
 
     # -- the models' view
 
@@ -280,14 +284,19 @@ class AutoDepth(DepthPolicy):
             elif self.graph_replay and self._seq_rounds > 0 and self._last_depth is not None and depth != self._last_depth:
                 # the change waits for the next sequence unless it pays; asked again after the next refit
                 if r < self._declined_until or not self._change_pays(self._last_depth, depth):
-                    depth = self._last_depth
+                    depth, why = self._last_depth, "stay"
                     self._declined_until = max(self._declined_until, self._next_refit)
+            if why != "stay":
+                self._stay_rounds = self._stayed = 0
         if self.graph_replay:
             changing = self._seq_rounds > 0 and self._last_depth is not None and depth != self._last_depth
             if changing or self._since_change < self.settle:
                 self._timed = False
-        if depth != self._decision.get("depth") or why != self._decision.get("why"):
+        wanted = self.best if why == "stay" else None  # where the refused change would go
+        if depth != self._decision.get("depth") or why != self._decision.get("why") or wanted != self._decision.get("best"):
             self._decision = {"policy": "auto", "why": why, "depth": depth}
+            if wanted is not None:
+                self._decision["best"] = wanted
         self.chosen[depth] = self.chosen.get(depth, 0) + 1
         self._chose = depth
         return depth
@@ -295,7 +304,7 @@ class AutoDepth(DepthPolicy):
     def sequence_begins(self) -> None:
         if self._seq_rounds:
             self._seq_lengths = (self._seq_lengths + [self._seq_tokens])[-16:]
-        self._seq_rounds = self._seq_tokens = self._declined_until = 0
+        self._seq_rounds = self._seq_tokens = self._declined_until = self._stay_rounds = self._stayed = 0
         self._since_change, self._change_ours = 0, False
 
     def switch_cost(self) -> float:
@@ -333,8 +342,19 @@ class AutoDepth(DepthPolicy):
 
     def _change_pays(self, frm: int, to: int) -> bool:
         """Whether moving from depth ``frm`` to ``to`` now saves more than a switch costs before
-        the sequence ends."""
-        return self._staying_costs(frm, to) > self.switch_cost()
+        the sequence ends, or, to plain decoding, staying has lost that much since it was refused."""
+        switch = self.switch_cost()
+        if self._staying_costs(frm, to) > switch:
+            return True
+        # The forecast above rests on acceptance that remembers earlier sequences and shrinks with
+        # the tokens left, so asked again it refuses to the sequence's end however plainly the
+        # drafter now misses. A plain step yields one token whatever the content, so the refused
+        # rounds can be weighed against it as they ran: once they have lost a switch's worth,
+        # switching bounds the loss at twice the better choice's (rent or buy).
+        own = self.costs.medians()
+        if to != 0 or switch <= 0.0 or 0 not in own or frm not in own:
+            return False
+        return self._stay_rounds * own[frm] - self._stayed * own[0] >= switch
 
     def plain_rounds_ahead(self) -> int:
         if self.best != 0 or self._visit is not None or self.rounds < self._probe_len:
@@ -379,6 +399,9 @@ class AutoDepth(DepthPolicy):
         self._since_change += 1
         self._seq_rounds += 1
         self._seq_tokens += accepted + 1
+        if self._decision.get("why") == "stay":
+            self._stay_rounds += 1
+            self._stayed += accepted + 1
         self._last_depth = depth
 
     def _schedule_after_exploring(self, depth: int, t_round: float, t_catchup: float) -> None:

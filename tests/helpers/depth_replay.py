@@ -192,6 +192,9 @@ def log_spread(quantiles: list[float]) -> float:
 
 SETTLE_ROUNDS = 64  # issue 7: the tuner settles within this many rounds
 GOOD_FRACTION = 0.95  # a depth within 5% of the best fixed depth's speed is a good choice
+#: The policy's reasons for a round at the depth it runs: its best depth, or the depth it keeps
+#: where a change to the best would not pay (a refused change is a choice as much as the best is).
+EXPLOITING = ("exploit", "stay")
 
 
 @dataclass
@@ -272,7 +275,7 @@ def choice_quality(depths: list[int], why: list[str], rate: dict[int, float], st
         hi = min(k for k in known if k > d)
         return rate[lo] + (rate[hi] - rate[lo]) * (d - lo) / (hi - lo)
 
-    picked = [speed(d) / best for r, (d, w) in enumerate(zip(depths, why)) if r >= start and w == "exploit"]
+    picked = [speed(d) / best for r, (d, w) in enumerate(zip(depths, why)) if r >= start and w in EXPLOITING]
     return sum(picked) / len(picked) if picked else 0.0
 
 
@@ -282,7 +285,7 @@ def settle_round(depths: list[int], why: list[str], good: set[int]) -> int | Non
     settling by this definition; ``choice_quality`` is the measure that tolerates it."""
     last_bad = -1
     for r, (d, w) in enumerate(zip(depths, why)):
-        if w == "exploit" and d not in good:
+        if w in EXPLOITING and d not in good:
             last_bad = r
     return None if last_bad == len(depths) - 1 else last_bad + 1
 
