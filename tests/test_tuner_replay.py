@@ -352,3 +352,57 @@ def test_repeat_interval_chooses_the_best_depth_in_each_resample():
     assert lo == pytest.approx(0.9)
     lo_fixed, _ = repeat_interval(tokens, seconds, "auto", ["4"], level=0.99)
     assert lo_fixed == pytest.approx(1.0)
+
+
+class VisitWatch(AutoDepth):
+    """AutoDepth that keeps, per exploring visit, the depth it went to, the depth chosen the round
+    before (the depth running) and, once the visit ended, how many rounds it put the next one off."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.visits: list[tuple[int, int]] = []  # (visited, running)
+        self.waits: list[int] = []  # while drafting was best
+
+    def choose(self) -> int:
+        running = self._chose
+        depth = super().choose()
+        if self._decision["why"] == "explore" and self._visit_first and self._visit_left == self.visit_rounds - 1:
+            self.visits.append((depth, running))
+        return depth
+
+    def _schedule_after_exploring(self, depth: int, t_round: float, t_catchup: float) -> None:
+        super()._schedule_after_exploring(depth, t_round, t_catchup)
+        if self._visit is None and self.best != 0:
+            self.waits.append(self.next_explore - self.rounds)
+
+
+def watched_visits(clock: str, workload: str) -> list[VisitWatch]:
+    rec = Recording.load(RECORDINGS[clock], costs_of=workload)
+    tuners = []
+    for seed in range(SEEDS):
+        tuner = VisitWatch(rec.max_depth, window=rec.window, graph_replay=rec.graph_replay)
+        replay(tuner, rec, prompt_order(rec.workloads[workload], seed), seed=seed)
+        tuners.append(tuner)
+    return tuners
+
+
+# Run 3's traces on an H200 (docs/results/gpu/README.md) showed both behaviours below; replayed,
+# each is what keeps the GPU's exploring cheap, and changing it alone costs more than it brings:
+# stepping from the depth running, gpu-switch code 0.947 -> 0.953 but tables 0.928 -> 0.920 and
+# run 1's clock (gpu) code 0.951 -> 0.947 over 40 orders; the wait capped at the exploration
+# interval, gpu-switch code 0.947 -> 0.931, tables 0.928 -> 0.911, prose 0.965 -> 0.953 (a visit
+# there costs up to a switch, about 850 rounds of a 1% budget). Held as strict expected failures
+# so that a change to either is a decision taken with the replay, not by accident.
+@pytest.mark.xfail(strict=True, reason="a visit steps from the best depth; the first one, at a sequence's start after "
+                   "a refused change, goes to the depth the last sequence ran (fixing it alone loses tables 0.8%)")
+def test_on_a_gpu_no_visit_goes_to_the_depth_running():
+    visits = [v for t in watched_visits("gpu-switch", "code") for v in t.visits]
+    assert visits and not [v for v in visits if v[0] == v[1]], visits
+
+
+@pytest.mark.xfail(strict=True, reason="a visit's switches are budgeted up to max_wait, past max_explore_every "
+                   "(capping it loses code 1.6%, tables 1.7% on the gpu-switch clock)")
+def test_on_a_gpu_visits_while_drafting_wait_at_most_the_exploration_interval():
+    tuners = watched_visits("gpu-switch", "code")
+    waits = [w for t in tuners for w in t.waits]
+    assert waits and max(waits) <= tuners[0].max_explore, waits
