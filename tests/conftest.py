@@ -31,3 +31,12 @@ def models():
 
     with bundled_models("code") as loaded:
         yield loaded
+
+
+@pytest.fixture(scope="module")
+def agent_pair():
+    """The bundled agent pair, loaded as ``models`` loads the code pair."""
+    from server_harness import bundled_models
+
+    with bundled_models("agent") as loaded:
+        yield loaded

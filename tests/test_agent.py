@@ -22,18 +22,12 @@ from agent_tools import TOOLS, Workspace  # noqa: E402
 from helpers.agent_tasks import held_out_tasks, score, well_formed  # noqa: E402
 from helpers.scripted_model import scripted  # noqa: E402
 from helpers.stdlib_corpus import stdlib_dir  # noqa: E402
-from server_harness import LiveServer, bundled_models, make_pool, openai_client  # noqa: E402
+from server_harness import LiveServer, make_pool, openai_client  # noqa: E402
 
 MODEL = "laguna-tiny-agent"
 MAX_TOKENS = 256
 #: the held-out tasks the exactness test runs: two calls in one turn, two steps, a tool error
 LOOP_TASKS = ("two_exprs", "def_lines", "missing")
-
-
-@pytest.fixture(scope="module")
-def agent_pair():
-    with bundled_models("agent") as loaded:
-        yield loaded
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
 from helpers.scripted_model import scripted  # noqa: E402
-from server_harness import LiveServer, bundled_models, make_pool  # noqa: E402
+from server_harness import LiveServer, make_pool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".agent-clis" / "node_modules" / ".bin"
@@ -67,14 +67,8 @@ def opencode() -> Path:
 
 
 @pytest.fixture(scope="module")
-def pair():
-    with bundled_models("agent") as models:
-        yield models
-
-
-@pytest.fixture(scope="module")
-def srv(pair):
-    target, path, drafter = pair
+def srv(agent_pair):
+    target, path, drafter = agent_pair
     # one thread: beside other work, two threads wait for each other at every barrier, and
     # Claude Code's 22.6k-token prefill took over 14 minutes instead of about one
     with LiveServer(make_pool(target, path, drafter, n_ctx=N_CTX, kv_type="f16", n_threads=1),
@@ -117,12 +111,12 @@ def answered_only_ok(before: dict, after: dict, endpoint: str) -> None:
 
 
 @pytest.mark.slow
-def test_claude_code_runs_a_tool_round_through_the_server(claude, srv, pair, workspace):
+def test_claude_code_runs_a_tool_round_through_the_server(claude, srv, agent_pair, workspace):
     # the tiny pair's own replies never end on Claude Code's prompt (below): here its choices
     # are scripted, and every other part is real: Claude Code's requests, the server's
     # rendering, constraint, streaming events, tool_use and tool_result, Claude Code's Read tool
     before = served(srv)
-    with scripted(pair[0]) as script:
+    with scripted(agent_pair[0]) as script:
         script.say(f"Read it.</think><tool_call>Read<arg_key>file_path</arg_key><arg_value>{workspace}/calc.py"
                    "</arg_value></tool_call>",
                    "It returns a + b.</think>add returns the sum of its two arguments, a + b.")
@@ -153,8 +147,10 @@ def test_codex_exec(codex, srv, workspace):
     before = served(srv)
     provider = f'model_providers.laguna={{name="laguna", base_url="{srv.url}/v1", wire_api="responses", ' \
                'env_key="LAGUNA_API_KEY"}'
+    codex_home = workspace.parent / "home" / ".codex"
+    codex_home.mkdir()  # codex refuses a CODEX_HOME that does not exist
     r = run([str(codex), "exec", "--skip-git-repo-check", "-m", MODEL, "-c", "model_provider=laguna", "-c", provider,
-             TASK], workspace, LAGUNA_API_KEY=KEY, CODEX_HOME=str(workspace.parent / "home" / ".codex"))
+             TASK], workspace, LAGUNA_API_KEY=KEY, CODEX_HOME=str(codex_home))
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip()
     answered_only_ok(before, served(srv), "responses")
