@@ -96,7 +96,7 @@ class _Slot:
         self.target = engine.target
         self.ctx = ctx
         self.drafter = drafter
-        self.prompt_cache = PromptCache(engine.config.prompt_cache)
+        self.prompt_cache = PromptCache(engine.config.prompt_cache, engine.config.ctx_checkpoints)
         self.target_window = engine.pair.target.sliding_window
         self.planner = engine.planner
         self._policies = DepthPolicies()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .drafter import Drafter
 from .llama import ClosedError, Context, ContextParams, Model, gpu_offload_supported, microbatch_for_window
 from .open_pair import PairFiles, open_models, resolve_pair
-from .prompt_cache import PromptCache
+from .prompt_cache import DEFAULT_CHECKPOINTS, PromptCache
 from .proposer import Proposer
 from .request import GenerateOptions, PairLimits, check_context
 from .rounds import DepthPolicies, Rows, generation
@@ -41,6 +41,9 @@ class EngineConfig:
     # keep the caches of the last sequence and prefill a new prompt only after the longest
     # token prefix it shares with it (a chat's next turn re-reads only the new messages)
     prompt_cache: bool = True
+    # copies of the sliding-window cells kept per prompt cache, one taken after each prompt, from
+    # which a prompt departing from the cached sequence before the ring's cells restarts (0: none)
+    ctx_checkpoints: int = DEFAULT_CHECKPOINTS
     # llama.cpp's RPC backend (runtime/rpc.py): the target's layers on these rpc-servers
     # ("HOST:PORT"), split by tensor_split; n_gpu_layers > 0 then offloads only the last that many
     rpc: tuple[str, ...] = ()
@@ -147,7 +150,7 @@ class Engine:
         # shape costs the next steps several times their time, which the tuner and capture heed
         self.graph_replay = target.n_gpu_layers > 0 and gpu_offload_supported()
         self._policies = DepthPolicies(self.graph_replay)
-        self.prompt_cache = PromptCache(cfg.prompt_cache)
+        self.prompt_cache = PromptCache(cfg.prompt_cache, cfg.ctx_checkpoints)
         self.last_stats: Stats | None = None
         self.last_stop_reason: str | None = None
         self.drafter: Proposer | None = None

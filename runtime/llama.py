@@ -668,6 +668,26 @@ class Context(_NativeHandle):
         cache's: llama.cpp keeps every position in [pos_min, pos_max] present."""
         return int(ll.llama_memory_seq_pos_min(ll.llama_get_memory(self.ptr), self._check_seq(seq)))
 
+    def save_window(self, seq: int = 0) -> ctypes.Array | None:
+        """A copy of the cells the sliding-window layers hold of one sequence (the full-attention
+        layers' are left out: those keep every position, and seq_rm trims them to any prefix);
+        None when llama.cpp could not write them."""
+        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        seq = self._check_seq(seq)
+        size = ll.llama_state_seq_get_size_ext(self.ptr, seq, flags)
+        if not size:
+            return None
+        buf = (ctypes.c_uint8 * size)()
+        if ll.llama_state_seq_get_data_ext(self.ptr, buf, size, seq, flags) != size:
+            return None
+        return buf
+
+    def restore_window(self, data: ctypes.Array, seq: int = 0) -> bool:
+        """Replace one sequence's sliding-window cells with a ``save_window`` copy; whether
+        llama.cpp took it (if not, those cells are gone and the sequence must be cleared)."""
+        flags = ll.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        return ll.llama_state_seq_set_data_ext(self.ptr, data, len(data), self._check_seq(seq), flags) == len(data)
+
     def clear(self) -> None:
         ll.llama_memory_clear(ll.llama_get_memory(self.ptr), True)
 
@@ -734,6 +754,12 @@ class SeqView:
 
     def clear(self) -> None:
         self.ctx.clear_seq(self.seq)
+
+    def save_window(self) -> ctypes.Array | None:
+        return self.ctx.save_window(self.seq)
+
+    def restore_window(self, data: ctypes.Array) -> bool:
+        return self.ctx.restore_window(data, self.seq)
 
     def logits_view(self, i: int) -> np.ndarray:
         return self.ctx.logits_view(self.row0 + i)

@@ -297,6 +297,10 @@ SERVER = Group(
           "port can use the model).", bool, False),
     Param("no_prompt_cache", ("--no-prompt-cache",), "Prefill every prompt from scratch (no reuse of the last "
           "sequence's caches).", bool, False),
+    Param("ctx_checkpoints", ("--ctx-checkpoints",), "Context checkpoints per slot: copies of the sliding-window "
+          "layers' cells taken after each prompt, from which a prompt that departs from the cached sequence "
+          "more than a window before its end restarts, instead of from 0. Each holds one window's cells.",
+          int, 8, lo=0, hi=MAX_SIZE, note="(0: off)"),
 )
 
 #: laguna-rpc-server's (llama.cpp's rpc-server behind it takes no port 0)

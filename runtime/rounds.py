@@ -209,6 +209,7 @@ def _prefill(host: SequenceHost, prompt_tokens: list[int], drafter: Proposer | N
     if n_cached == 0:
         host.forget()
     stats.n_cached = n_cached
+    stats.checkpoint = host.prompt_cache.restored
     i0 = n_cached
     while True:
         n = yield Rows(prompt_tokens[i0:], i0, prompt=True)
@@ -220,6 +221,7 @@ def _prefill(host: SequenceHost, prompt_tokens: list[int], drafter: Proposer | N
         if opts.should_stop is not None and opts.should_stop():
             raise _Interrupted
     bonus = sampler.sample(ctx.logits_view(n - 1), prompt_tokens)
+    host.prompt_cache.checkpoint(prompt_tokens, ctx, host.target_window)
     stats.t_prefill = time.perf_counter() - t0
     return bonus
 

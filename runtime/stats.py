@@ -15,6 +15,7 @@ from .tuner import DepthPolicy
 class Stats:
     n_prompt: int = 0
     n_cached: int = 0  # prompt tokens taken from the prompt cache (not prefilled)
+    checkpoint: bool = False  # the prompt cache restarted from a context checkpoint
     n_generated: int = 0
     rounds: int = 0
     drafted: int = 0
@@ -67,7 +68,8 @@ class Stats:
 
     def as_dict(self) -> dict:
         return {
-            "n_prompt": self.n_prompt, "n_cached": self.n_cached, "n_generated": self.n_generated, "rounds": self.rounds,
+            "n_prompt": self.n_prompt, "n_cached": self.n_cached, "checkpoint": self.checkpoint,
+            "n_generated": self.n_generated, "rounds": self.rounds,
             "drafted": self.drafted, "accepted": self.accepted,
             "mean_accepted_per_round": self.mean_accepted,
             "acceptance_by_position": self.acceptance_by_position,

@@ -4,7 +4,8 @@ that share and then diverge, multi-turn chats, a target whose sliding-window cac
 the shared part, and a drafter that lacks rows of its window. The drafts too are a fresh
 engine's while the drafter holds the rows of its first window; when it lacks some, they are
 skipped (the target never re-decodes what it holds for the drafter's sake) and only the first
-drafts may differ."""
+drafts may differ. A prompt that departs from the cached sequence before the cells the
+sliding-window ring still holds restarts from a context checkpoint, keyed by its tokens."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 from laguna_dflash.runtime import assets
 from laguna_dflash.runtime.chat_template import ChatTemplate
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.runtime.batch import BatchEngine
 from laguna_dflash.runtime.llama import Model
+from laguna_dflash.runtime.open_pair import resolve_pair
 from laguna_dflash.runtime.sampling import SamplingParams
 from laguna_dflash.runtime.tuner import DepthPolicy
 from server_harness import TEMPLATE
@@ -158,6 +161,112 @@ def test_a_target_window_evicted_from_its_cache_is_not_reused(pair):
         # from 300 - WINDOW + 1 on (what the first draft of p saw), not the ones the first
         # draft at 293 sees: it starts over
         assert both(cached, fresh, p[:290] + tokens(3), drafts_as_fresh=False).stats.n_cached == 290
+
+
+TARGET_WINDOW = 32  # the tiny target's sliding window (tests/helpers/tiny_target.py)
+
+
+def branch_before_the_ring(cached, fresh, n_max, a_len=100, b_len=250):
+    """A prompt A, then A + B, then A + 60 other tokens: the third shares A with the cached
+    sequence, whose ring of sliding-window cells no longer holds A's last window."""
+    a, b, c = tokens(a_len), tokens(b_len), tokens(60)
+    assert both(cached, fresh, a, n_max=n_max).stats.n_cached == 0
+    assert both(cached, fresh, a + b, n_max=n_max).stats.n_cached == a_len
+    assert cached.ctx.pos_min() > a_len - TARGET_WINDOW, "precondition: the ring evicted A's last window"
+    return a, both(cached, fresh, a + c, n_max=n_max)
+
+
+@pytest.mark.parametrize("n_max,n_ubatch,a_len,b_len", [(0, None, 100, 250), (4, None, 100, 250),
+                                                        (4, 300, 600, 520)])
+def test_a_prompt_departing_before_the_ring_restarts_from_a_checkpoint(pair, n_max, n_ubatch, a_len, b_len):
+    """The third prompt is prefilled from the checkpoint taken after A, not from 0, and gives a
+    fresh engine's tokens; its first draft's window (24 rows) lies in the prefilled part, so the
+    drafts are a fresh engine's too. The checkpoints stay bounded. With a microbatch of 300 the
+    ring is 512 cells and A wraps around it: the restored cells sit where a fresh engine's do,
+    but fewer of the ring's cells are in use than in a fresh engine's."""
+    target, drafter = pair
+    cfg = {"n_ctx": 2048} if n_ubatch is None else {"n_ctx": 2048, "n_ubatch": n_ubatch}
+    cached, fresh = engines(target, drafter, **cfg)
+    with cached, fresh:
+        _, res = branch_before_the_ring(cached, fresh, n_max, a_len, b_len)
+        assert res.stats.n_cached == a_len and res.stats.checkpoint
+        assert [c.n for c in cached.prompt_cache.checkpoints] == [a_len, a_len + 60]  # A + B's was dropped
+        # llama.cpp copies only the cells a later query can see: A's last window
+        assert cached.prompt_cache.checkpoints[0].pos_min == max(0, a_len - TARGET_WINDOW)
+        # the next turn goes on from the kept caches (no checkpoint needed)
+        prompt = list(cached.prompt_cache.tokens) + tokens(8)
+        follow = both(cached, fresh, prompt, n_max=n_max, drafts_as_fresh=False)
+        assert follow.stats.n_cached == len(prompt) - 8 and not follow.stats.checkpoint
+        for _ in range(10):
+            prompt = list(cached.prompt_cache.tokens) + tokens(5)
+            both(cached, fresh, prompt, n_max=n_max, drafts_as_fresh=False)
+        assert len(cached.prompt_cache.checkpoints) == 8
+        assert cached.prompt_cache.checkpoint_bytes > 0
+
+
+def test_without_checkpoints_the_same_prompt_is_prefilled_from_scratch(pair):
+    """The control: with --ctx-checkpoints 0 the scenario above keeps nothing."""
+    target, drafter = pair
+    cached, fresh = engines(target, drafter, ctx_checkpoints=0)
+    with cached, fresh:
+        _, res = branch_before_the_ring(cached, fresh, 4)
+        assert res.stats.n_cached == 0 and not res.stats.checkpoint
+        assert not cached.prompt_cache.checkpoints
+
+
+def test_a_checkpoint_is_restored_only_for_the_tokens_it_was_taken_on(pair):
+    """A checkpoint of another sequence (the same length, other tokens) is never restored, nor
+    one that lacks the window before the prefix kept. The test can fail: the same checkpoint
+    keyed by the wrong tokens is restored, and the tokens then differ from a fresh engine's."""
+    target, drafter = pair
+    cached, fresh = engines(target, drafter)
+    other, _ = engines(target, drafter)
+    with cached, fresh, other:
+        a, b, c = tokens(100), tokens(250), tokens(12)
+        a2 = a[:50] + tokens(50)
+        other.generate(a2, GenerateOptions(n_predict=4, n_max=0))
+        (foreign,) = other.prompt_cache.checkpoints
+        both(cached, fresh, a, drafts_as_fresh=False)
+        both(cached, fresh, a + b, drafts_as_fresh=False)
+        cached.prompt_cache.checkpoints = [foreign]
+        res = both(cached, fresh, a + c, drafts_as_fresh=False)
+        assert res.stats.n_cached == 0 and not res.stats.checkpoint
+
+        both(cached, fresh, a, drafts_as_fresh=False)
+        both(cached, fresh, a + b, drafts_as_fresh=False)
+        # a checkpoint of A holds A's last window only: a prompt sharing half of A cannot use it,
+        # even where its record says it holds every cell
+        own = cached.prompt_cache.checkpoints[0]
+        assert own.n == 100
+        own.pos_min = 0
+        res = both(cached, fresh, a[:50] + c, drafts_as_fresh=False)
+        assert res.stats.n_cached == 0 and not res.stats.checkpoint
+
+        both(cached, fresh, a, drafts_as_fresh=False)
+        both(cached, fresh, a + b, drafts_as_fresh=False)
+        foreign.tokens = np.asarray(a, dtype=np.int32)  # the key lies: the cells are a2's
+        cached.prompt_cache.checkpoints = [foreign]
+        wrong = cached.generate(a + c, GenerateOptions(n_predict=24, n_max=4))
+        assert wrong.stats.checkpoint and wrong.stats.n_cached == 100
+        right = fresh.generate(a + c, GenerateOptions(n_predict=24, n_max=4))
+        assert wrong.tokens != right.tokens
+
+
+def test_the_one_slot_batch_engine_restarts_from_a_checkpoint(pair, tiny_target):
+    """The server's path: a one-slot BatchEngine (a ring too) keeps its checkpoints in its slot's
+    prompt cache and gives the one-sequence engine's tokens."""
+    target, drafter = pair
+    cfg = EngineConfig(n_ctx=1024, kv_type="f32", n_threads=1)
+    a, b, c = tokens(100), tokens(250), tokens(60)
+    with BatchEngine(target, resolve_pair(tiny_target["gguf"], drafter), cfg, n_seq=1) as batch, \
+            Engine(target, drafter, EngineConfig(n_ctx=1024, kv_type="f32", n_threads=1, prompt_cache=False)) as fresh:
+        for prompt, kept in ((a, 0), (a + b, 100), (a + c, 100)):
+            opts = GenerateOptions(n_predict=24, n_max=4)
+            (res,) = batch.generate_all([prompt], opts)
+            assert res.tokens == fresh.generate(prompt, opts).tokens
+            assert res.stats.n_cached == kept
+        assert res.stats.checkpoint
+        assert batch.slots[0].prompt_cache.checkpoints[0].n == 100
 
 
 def test_an_abandoned_stream_leaves_no_stale_cache(pair):
