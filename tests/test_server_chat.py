@@ -228,3 +228,35 @@ def test_thinking_off_answers_in_content(srv, models):
         script.say("</think>OK")  # a stray end of reasoning, as models write with thinking off
         r = c.chat.completions.create(model="m", messages=OK).choices[0]
     assert r.message.content == "OK" and "reasoning_content" not in (r.message.model_extra or {})
+
+
+def test_a_reply_sent_back_otherwise_early_is_served_from_a_context_checkpoint(models):
+    """The agent-session case: the second request sends the first reply back with its reasoning
+    changed at its start, further back than the sliding-window ring (256 cells) still holds. The
+    slot restores the checkpoint taken after the first prompt and prefills only from there
+    (usage, timings and /metrics say so); with --ctx-checkpoints 0 it prefills all of it."""
+    target, path, drafter = models
+    reasoning = " ".join(f"step {i}." for i in range(120))
+    seen = {}
+    for n in (8, 0):
+        pool = make_pool(target, path, drafter, parallel=1, ctx_checkpoints=n)
+        with LiveServer(pool, chat_template=TEMPLATE_TEXT, chat_template_source="laguna") as s:
+            c = client(s)
+            messages = [{"role": "user", "content": "Plan the work."}]
+            with scripted(target) as script:
+                script.say(reasoning + "</think>Done.", "</think>Ok.")
+                first = c.chat.completions.create(model="m", messages=messages, max_tokens=1024,
+                                                  extra_body={"chat_template_kwargs": THINKING})
+                assert first.choices[0].message.model_extra["reasoning_content"] == reasoning
+                assert first.usage.completion_tokens > 300, "precondition: the reply outruns the ring"
+                messages += [{"role": "assistant", "reasoning": "Step zero." + reasoning[len("step 0."):],
+                              "content": "Done."}, {"role": "user", "content": "Go on."}]
+                second = c.chat.completions.create(model="m", messages=messages, max_tokens=64,
+                                                   extra_body={"chat_template_kwargs": THINKING})
+            assert second.choices[0].message.content == "Ok."
+            seen[n] = (first.usage.prompt_tokens, second.usage.prompt_tokens_details.cached_tokens,
+                       second.model_extra["timings"]["cache_checkpoint"],
+                       s.pool.metrics.get("laguna_prompt_checkpoints_restored_total"))
+    n_first = seen[8][0]
+    assert seen[8] == (n_first, n_first, True, 1)
+    assert seen[0] == (n_first, 0, False, 0)

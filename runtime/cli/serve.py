@@ -67,6 +67,7 @@ def serve(
     chat_template_file: ChatTemplateFileOpt = None,
     chat_template_kwargs: ChatTemplateKwargsOpt = None,
     no_prompt_cache: SERVER["no_prompt_cache"].annotated() = False,
+    ctx_checkpoints: SERVER["ctx_checkpoints"].annotated() = SERVER["ctx_checkpoints"].default,
     max_body_bytes: SERVER["max_body_bytes"].annotated() = None,
     shutdown_timeout: SERVER["shutdown_timeout"].annotated() = SERVER["shutdown_timeout"].default,
     expose: SERVER["expose"].annotated() = False,
@@ -107,6 +108,7 @@ def serve(
     from ..server.pool import load_pool
 
     cfg, placement = engine_config(flags, prompt_cache=not no_prompt_cache)
+    cfg.ctx_checkpoints = ctx_checkpoints
     sock = bind(host, port)
     try:
         try:
@@ -126,7 +128,8 @@ def serve(
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         # plain lines (never wrapped): scripts read the address from them
         print(f"laguna-run serve: {placement.describe()}; {parallel} slot(s) of {flags.ctx_size} tokens, "
-              f"n_max {depth}, prompt cache {'off' if no_prompt_cache else 'on'}", file=sys.stderr)
+              f"n_max {depth}, prompt cache {'off' if no_prompt_cache else f'on ({ctx_checkpoints} checkpoints)'}",
+              file=sys.stderr)
         print(f"laguna-run serve: model id {settings.model_id!r}, listening on http://{shown}:{bound[1]}"
               f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
         if warning:

@@ -140,7 +140,7 @@ def timings(reply: Reply) -> dict:
     stats, job = reply.stats, reply.job
     n_new = stats.n_prompt - stats.n_cached
     return {
-        "cache_n": stats.n_cached, "prompt_n": n_new, "prompt_ms": stats.t_prefill * 1e3,
+        "cache_n": stats.n_cached, "cache_checkpoint": stats.checkpoint, "prompt_n": n_new, "prompt_ms": stats.t_prefill * 1e3,
         "prompt_per_second": n_new / stats.t_prefill if stats.t_prefill > 0 else 0.0,
         "predicted_n": stats.n_generated, "predicted_ms": stats.t_total * 1e3,
         "predicted_per_second": stats.tokens_per_s,

@@ -10,6 +10,8 @@ METRICS = {
                               "(ok, cancelled, error, queue_full, bad_request)."),
     "laguna_prompt_tokens_total": ("counter", "Prompt tokens of finished generations."),
     "laguna_prompt_tokens_cached_total": ("counter", "Prompt tokens taken from the prompt cache (not prefilled)."),
+    "laguna_prompt_checkpoints_restored_total": ("counter", "Prompts whose cached prefix was restored from a "
+                                                 "context checkpoint (--ctx-checkpoints)."),
     "laguna_generated_tokens_total": ("counter", "Tokens generated."),
     "laguna_rounds_total": ("counter", "Speculative rounds (a plain decoding step is a round of depth 0)."),
     "laguna_drafted_tokens_total": ("counter", "Tokens drafted by the drafter."),
@@ -68,6 +70,7 @@ class Metrics:
         """Add one finished generation's Stats."""
         self.inc("laguna_prompt_tokens_total", stats.n_prompt)
         self.inc("laguna_prompt_tokens_cached_total", stats.n_cached)
+        self.inc("laguna_prompt_checkpoints_restored_total", int(stats.checkpoint))
         self.inc("laguna_generated_tokens_total", stats.n_generated)
         self.inc("laguna_rounds_total", stats.rounds)
         self.inc("laguna_drafted_tokens_total", stats.drafted)
