@@ -186,7 +186,7 @@ class AutoDepth(DepthPolicy):
         self._visit_midway = False  # whether the current visit began within a sequence
         self._chose = 0  # the depth the last choose() returned (the engine may cut it at the end)
         self._declined_until = 0  # a declined change of depth is not asked again before this round
-        self._stay_rounds = self._stayed = 0  # rounds and tokens at the depth kept since then
+        self._stay_time, self._stayed = 0.0, 0  # seconds and tokens of the settled rounds kept since then
 
     # -- the models' view
 
@@ -287,7 +287,7 @@ class AutoDepth(DepthPolicy):
                     depth, why = self._last_depth, "stay"
                     self._declined_until = max(self._declined_until, self._next_refit)
             if why != "stay":
-                self._stay_rounds = self._stayed = 0
+                self._stay_time, self._stayed = 0.0, 0
         if self.graph_replay:
             changing = self._seq_rounds > 0 and self._last_depth is not None and depth != self._last_depth
             if changing or self._since_change < self.settle:
@@ -304,7 +304,8 @@ class AutoDepth(DepthPolicy):
     def sequence_begins(self) -> None:
         if self._seq_rounds:
             self._seq_lengths = (self._seq_lengths + [self._seq_tokens])[-16:]
-        self._seq_rounds = self._seq_tokens = self._declined_until = self._stay_rounds = self._stayed = 0
+        self._seq_rounds = self._seq_tokens = self._declined_until = self._stayed = 0
+        self._stay_time = 0.0
         self._since_change, self._change_ours = 0, False
 
     def switch_cost(self) -> float:
@@ -350,11 +351,13 @@ class AutoDepth(DepthPolicy):
         # the tokens left, so asked again it refuses to the sequence's end however plainly the
         # drafter now misses. A plain step yields one token whatever the content, so the refused
         # rounds can be weighed against it as they ran: once they have lost a switch's worth,
-        # switching bounds the loss at twice the better choice's (rent or buy).
+        # switching bounds the loss at twice the better choice's (rent or buy). Their own clock,
+        # not the depth's median: a depth timed on a few rounds near a capture can look several
+        # times dearer than it runs, and would end every refusal at once.
         own = self.costs.medians()
-        if to != 0 or switch <= 0.0 or 0 not in own or frm not in own:
+        if to != 0 or switch <= 0.0 or 0 not in own:
             return False
-        return self._stay_rounds * own[frm] - self._stayed * own[0] >= switch
+        return self._stay_time - self._stayed * own[0] >= switch
 
     def plain_rounds_ahead(self) -> int:
         if self.best != 0 or self._visit is not None or self.rounds < self._probe_len:
@@ -399,8 +402,8 @@ class AutoDepth(DepthPolicy):
         self._since_change += 1
         self._seq_rounds += 1
         self._seq_tokens += accepted + 1
-        if self._decision.get("why") == "stay":
-            self._stay_rounds += 1
+        if self._decision.get("why") == "stay" and self._since_change > self.settle:
+            self._stay_time += t_round
             self._stayed += accepted + 1
         self._last_depth = depth
 
