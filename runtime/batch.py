@@ -18,7 +18,8 @@ prefill), so their rounds never wait for a whole prompt.
 Greedy output of a sequence does not depend on what runs beside it (tests/test_batch.py): a
 prompt part has the pass it has alone, and a decoding pass holds no more rows than the target's
 kernels compute each as alone (``max_pass_rows``: :data:`EXACT_PASS_ROWS`, unless every weight
-type is one computed alike in a pass of any size). Under that bound each of ``n`` sequences of a
+is of a type computed alike in a pass of any size: F32, F16 and Q8_0, and with AVX2 the repacked
+Q4_K and Q6_K of a Q4_K_M file). Under that bound each of ``n`` sequences of a
 pass drafts at most ``EXACT_PASS_ROWS // n - 1`` tokens, so a fixed ``n_max`` is cut under load
 (4 sequences at ``n_max`` 4 draft 3 each), and rows beyond it (a prompt's sequence joining
 others, more sequences than the bound has rows) wait for the next round.
@@ -34,7 +35,7 @@ from ..convert.gguf.rules import read_header_cached
 from ..convert.gguf.specs import TargetSpec
 from .drafter import Drafter
 from .engine import EngineConfig, GenerationResult, one_sequence_params, refuse_closed
-from .llama import Context, ContextParams, LlamaError, Model, SeqView
+from .llama import Context, ContextParams, LlamaError, Model, SeqView, cpu_backend_features
 from .open_pair import PairFiles, open_models
 from .prompt_cache import PromptCache
 from .request import GenerateOptions, PairLimits, check_context
@@ -46,16 +47,21 @@ from .tuner.batch import BatchPlanner
 __all__ = ["BatchEngine", "EXACT_PASS_ROWS", "Finished", "pass_rows_bound"]
 
 #: The most rows a decoding pass may hold on quantized weights. The CPU kernels compute each row of
-#: a pass of 2-16 rows over repacked Q4_K weights exactly as that row alone (patch 0011); a larger
-#: pass takes 4-row tiles, which sum in another order, and a sequence beside others then parts
-#: from its output alone after a few tokens.
+#: a pass of 2-16 rows over repacked Q4_K weights exactly as that row alone (patch 0011); without
+#: AVX2, or on K-quant weights left in the plain layout, a larger pass takes 4-row tiles, which
+#: sum in another order, and a sequence beside others then parts from its output alone after a
+#: few tokens.
 EXACT_PASS_ROWS = 16
 
 #: Weight types whose kernels compute a row the same in a pass of any size (tinyBLAS per output
 #: element, patch 0010; Q8_0 plain, or repacked on x86 where every pass takes the rows kernel in
 #: groups of 16, patch 0018; the bundled Q8_0 pair at 8 sequences of up to 8 rows, tests/test_batch.py).
-#: A target with any other type gets the bound above.
 _ANY_ROWS_TYPES = frozenset({"F32", "F16", "Q8_0"})
+#: Types whose repacked rows kernels take every pass in groups of 16 where the CPU backend is
+#: built with AVX2 (patches 0014 and 0019). The backend repacks a matrix whose rows come in
+#: eights; another stays in the plain layout, whose larger passes take 4-row tiles. A target with
+#: a weight of any other type, or of these elsewhere, gets the bound above.
+_ANY_ROWS_REPACKED_AVX2 = frozenset({"Q4_K", "Q6_K"})
 
 
 @dataclass
@@ -69,12 +75,18 @@ class Finished:
     error: BaseException | None = None
 
 
-def pass_rows_bound(target: TargetSpec) -> int | None:
+def pass_rows_bound(target: TargetSpec, cpu_features: frozenset[str] | None = None) -> int | None:
     """The most rows one decoding pass over ``target`` may hold for each row to be computed as
-    it is alone: :data:`EXACT_PASS_ROWS`, or None (any) where every weight type is one of
-    ``_ANY_ROWS_TYPES``."""
-    types = {t.qtype.name for t in read_header_cached(target.path).tensors}
-    return None if types <= _ANY_ROWS_TYPES else EXACT_PASS_ROWS
+    it is alone: :data:`EXACT_PASS_ROWS`, or None (any) where every weight is of a type computed
+    alike in a pass of any size on this CPU backend (``cpu_features``: the installed one's)."""
+    avx2 = "AVX2" in (cpu_backend_features() if cpu_features is None else cpu_features)
+
+    def any_rows(t) -> bool:
+        kind = t.qtype.name
+        return kind in _ANY_ROWS_TYPES or (avx2 and kind in _ANY_ROWS_REPACKED_AVX2 and len(t.shape) >= 2
+                                           and t.shape[-2] % 8 == 0)
+
+    return None if all(any_rows(t) for t in read_header_cached(target.path).tensors) else EXACT_PASS_ROWS
 
 
 class _PassBoundDepth(FixedDepth):

@@ -96,6 +96,15 @@ def affinity() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
+def cpu_features(system_info: str) -> list[str]:
+    """The CPU backend's features that are on, from llama_print_system_info's
+    ``CPU : SSE3 = 1 | AVX = 1 | ...``: what the build was compiled for, which decides its
+    kernels (the /proc/cpuinfo flags of ``cpu_facts`` say what the CPU could run)."""
+    cpu = next((part for part in system_info.split("CPU :")[1:2]), "")
+    return [name.strip() for name, _, on in (item.partition("=") for item in cpu.split("|"))
+            if name.strip() and on.strip() == "1"]
+
+
 def cpu_facts() -> dict:
     """The CPU a measurement ran on: ``model`` (/proc/cpuinfo's model name), ``flags`` (its
     flags, or Arm's Features, among KERNEL_FLAG_PREFIXES, sorted), ``cores`` (the machine's

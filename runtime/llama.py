@@ -12,6 +12,7 @@ a bad token id) with one-line messages.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import weakref
@@ -26,7 +27,7 @@ from ..convert.gguf.rules import checked_header
 from . import bindings
 
 ll = bindings.lowlevel()  # a one-line error, not an ImportError, when llama-cpp-python is missing
-from .cores import threads_for_run
+from .cores import cpu_features, threads_for_run
 from .errors import ClosedError, LlamaError
 from .params import MAX_SEQ
 from ..convert.gguf import keys as K
@@ -64,6 +65,13 @@ def _init_backend() -> None:
         ll.llama_backend_init()
         bindings.lib()
         _backend_ready = True
+
+
+@functools.cache
+def cpu_backend_features() -> frozenset[str]:
+    """What the installed CPU backend was compiled for (``AVX2``, ``AVX512``, ...): it decides
+    which kernels run, and so which passes compute a row as it is alone (runtime/batch.py)."""
+    return frozenset(cpu_features(ll.llama_print_system_info().decode(errors="replace")))
 
 
 def gpu_offload_supported() -> bool:

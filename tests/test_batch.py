@@ -281,19 +281,51 @@ def test_no_decoding_pass_holds_more_rows_than_the_bound(pair, monkeypatch):
         assert [(0, 4), (1, 4), (2, 4), (3, 4)] in decoding, decoding
 
 
+def test_the_rows_bound_follows_the_weight_types_and_the_cpu_backend(monkeypatch):
+    """No bound where every weight is computed alike in a pass of any size: F32, F16 and Q8_0
+    anywhere; Q4_K and Q6_K where the CPU backend has AVX2 and repacks them (rows in eights)."""
+    from types import SimpleNamespace
+
+    from gguf import GGMLQuantizationType as Q
+
+    from laguna_dflash.convert.gguf.header import TensorInfo
+    from laguna_dflash.runtime import batch
+
+    def bound(tensors, features):
+        infos = [TensorInfo(f"t{i}", shape, q, 0, 0) for i, (q, shape) in enumerate(tensors)]
+        monkeypatch.setattr(batch, "read_header_cached", lambda path: SimpleNamespace(tensors=infos))
+        return pass_rows_bound(SimpleNamespace(path="x.gguf"), frozenset(features))
+
+    q4_K_M = [(Q.F32, (2048,)), (Q.Q4_K, (512, 2048)), (Q.Q4_K, (64, 512, 2048)), (Q.Q6_K, (100352, 2048))]
+    assert bound([(Q.F32, (128,)), (Q.Q8_0, (256, 128))], {"AVX"}) is None
+    assert bound(q4_K_M, {"AVX", "AVX2"}) is None
+    assert bound(q4_K_M, {"AVX"}) == EXACT_PASS_ROWS                      # no AVX2: 4-row tiles
+    assert bound(q4_K_M + [(Q.Q4_K, (100, 2048))], {"AVX2"}) == EXACT_PASS_ROWS   # not repacked
+    assert bound(q4_K_M + [(Q.Q5_K, (512, 2048))], {"AVX2"}) == EXACT_PASS_ROWS
+
+
 @pytest.mark.skipif(built_xs_q4_K_M() is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
-def test_q4_K_M_sequences_at_depth_4_equal_their_solo_outputs():
-    """Four sequences at n_max 4 on the XS-width Q4_K_M target: 20 rows a pass without the rows
-    bound, where Q4_K's 4-row tiles sum in another order than its one-row kernel; measured so,
-    three of the four outputs parted from their solo ones, at tokens 6, 2 and 5. Bounded to 16
-    rows (each drafts 3 while all four run) each equals its output alone."""
+def test_q4_K_M_sequences_at_depth_4_equal_their_solo_outputs(monkeypatch):
+    """Four sequences at n_max 4 on the XS-width Q4_K_M target. Where Q4_K passes of more than 16
+    rows took the 4-row tiles, which sum in another order than the one-row kernel, three of the
+    four outputs parted from their solo ones at tokens 6, 2 and 5 in 20-row passes, and the rows
+    bound held them to 16 (each drafting 3 while all four run). With AVX2 every pass takes the
+    rows kernel (patch 0019): no bound, 20-row passes, each output equal to its output alone."""
+    from laguna_dflash.runtime import llama
+
     target, drafter = built_xs_q4_K_M()
     pair = resolve_pair(target, drafter)
     cfg = EngineConfig(n_ctx=256, n_threads=1, kv_type="f16", prompt_cache=False)
     opts = GenerateOptions(n_predict=10, n_max=4)
+    rows = []
+    real = llama.Context.decode_seqs
+    monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: rows.append(
+        sum(len(t) for _, t, _, first in parts if first == 0)) or real(self, parts))
     with BatchEngine.open(pair, cfg, n_seq=4) as engine:
-        assert engine.max_pass_rows == EXACT_PASS_ROWS
+        avx2 = "AVX2" in llama.cpu_backend_features()
+        assert engine.max_pass_rows == (None if avx2 else EXACT_PASS_ROWS)
         prompts = [engine.tokenize(p)[:8] for p in PROMPTS[:4]]
         together = [r.tokens for r in engine.generate_all(prompts, opts)]
         solo = [engine.generate_all([p], opts)[0].tokens for p in prompts]
+    assert max(rows) == (20 if avx2 else EXACT_PASS_ROWS)
     assert together == solo

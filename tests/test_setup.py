@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from laguna_dflash.runtime import cores
 from laguna_dflash.runtime.cli import main
 from laguna_dflash.runtime.setup import report, wheel
 
@@ -43,8 +44,8 @@ def test_the_installed_wheel_is_this_trees_cpu_build():
 
 def test_cpu_features_are_read_from_llama_cpp_system_info():
     info = "CPU : SSE3 = 1 | AVX = 1 | AVX512 = 0 | OPENMP = 1 | "
-    assert report.cpu_features(info) == ["SSE3", "AVX", "OPENMP"]
-    assert report.cpu_features("no cpu section") == []
+    assert cores.cpu_features(info) == ["SSE3", "AVX", "OPENMP"]
+    assert cores.cpu_features("no cpu section") == []
 
 
 def test_check_reports_the_patched_build_its_backends_and_cpu_features(capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass, field
 
+from ..cores import cpu_features
 from . import wheel
 
 
@@ -44,14 +45,6 @@ def _names(h: ctypes.CDLL) -> tuple[list[str], list[str]]:
         dev = fn["ggml_backend_dev_get"](i)
         devices.append(f"{fn['ggml_backend_dev_name'](dev).decode()}: {fn['ggml_backend_dev_description'](dev).decode()}")
     return backends, devices
-
-
-def cpu_features(system_info: str) -> list[str]:
-    """The CPU backend's features that are on, from llama_print_system_info's
-    ``CPU : SSE3 = 1 | AVX = 1 | ...``."""
-    cpu = next((part for part in system_info.split("CPU :")[1:2]), "")
-    return [name.strip() for name, _, on in (item.partition("=") for item in cpu.split("|"))
-            if name.strip() and on.strip() == "1"]
 
 
 def gather() -> Report:
