@@ -17,12 +17,12 @@ prefill), so their rounds never wait for a whole prompt.
 
 Greedy output of a sequence does not depend on what runs beside it (tests/test_batch.py): a
 prompt part has the pass it has alone, and a decoding pass holds no more rows than the target's
-kernels compute each as alone (``max_pass_rows``: :data:`EXACT_PASS_ROWS`, unless every weight
-is of a type computed alike in a pass of any size: F32, F16 and Q8_0, and with AVX2 the repacked
-Q4_K and Q6_K of a Q4_K_M file). Under that bound each of ``n`` sequences of a
-pass drafts at most ``EXACT_PASS_ROWS // n - 1`` tokens, so a fixed ``n_max`` is cut under load
-(4 sequences at ``n_max`` 4 draft 3 each), and rows beyond it (a prompt's sequence joining
-others, more sequences than the bound has rows) wait for the next round.
+kernels compute each as alone (``max_pass_rows``: :data:`EXACT_PASS_ROWS`; 32 on a Q4_K_M target
+where the CPU backend has AVX2; none where every weight is of a type computed alike in a pass of
+any size, F32, F16 and Q8_0). Under a bound each of ``n`` sequences of a pass drafts at most
+``max_pass_rows // n - 1`` tokens, so a fixed ``n_max`` is cut under load (under 16 rows, 4
+sequences at ``n_max`` 4 draft 3 each), and rows beyond it (a prompt's sequence joining others,
+more sequences than the bound has rows) wait for the next round.
 """
 
 from __future__ import annotations
@@ -57,11 +57,12 @@ EXACT_PASS_ROWS = 16
 #: element, patch 0010; Q8_0 plain, or repacked on x86 where every pass takes the rows kernel in
 #: groups of 16, patch 0018; the bundled Q8_0 pair at 8 sequences of up to 8 rows, tests/test_batch.py).
 _ANY_ROWS_TYPES = frozenset({"F32", "F16", "Q8_0"})
-#: Types whose repacked rows kernels take every pass in groups of 16 where the CPU backend is
-#: built with AVX2 (patches 0014 and 0019). The backend repacks a matrix whose rows come in
-#: eights; another stays in the plain layout, whose larger passes take 4-row tiles. A target with
-#: a weight of any other type, or of these elsewhere, gets the bound above.
-_ANY_ROWS_REPACKED_AVX2 = frozenset({"Q4_K", "Q6_K"})
+#: Where the CPU backend is built with AVX2, the most rows a pass over a repacked K-quant matrix
+#: (rows in eights; another stays in the plain layout) may hold for each row to be computed as
+#: alone: None, any (Q6_K: every pass takes the rows kernel in groups of 16, patch 0014); 32 for
+#: Q4_K, whose larger passes keep the 4-row tiles because they are faster there (patch 0019).
+#: A weight of any other type, or of these elsewhere, gets :data:`EXACT_PASS_ROWS`.
+_REPACKED_AVX2_PASS_ROWS = {"Q6_K": None, "Q4_K": 32}
 
 
 @dataclass
@@ -77,16 +78,20 @@ class Finished:
 
 def pass_rows_bound(target: TargetSpec, cpu_features: frozenset[str] | None = None) -> int | None:
     """The most rows one decoding pass over ``target`` may hold for each row to be computed as
-    it is alone: :data:`EXACT_PASS_ROWS`, or None (any) where every weight is of a type computed
-    alike in a pass of any size on this CPU backend (``cpu_features``: the installed one's)."""
+    it is alone on this CPU backend (``cpu_features``: the installed one's), the least its weights
+    allow: None (any) where every weight is of a type computed alike in a pass of any size."""
     avx2 = "AVX2" in (cpu_backend_features() if cpu_features is None else cpu_features)
 
-    def any_rows(t) -> bool:
+    def rows(t) -> int | None:
         kind = t.qtype.name
-        return kind in _ANY_ROWS_TYPES or (avx2 and kind in _ANY_ROWS_REPACKED_AVX2 and len(t.shape) >= 2
-                                           and t.shape[-2] % 8 == 0)
+        if kind in _ANY_ROWS_TYPES:
+            return None
+        if avx2 and kind in _REPACKED_AVX2_PASS_ROWS and len(t.shape) >= 2 and t.shape[-2] % 8 == 0:
+            return _REPACKED_AVX2_PASS_ROWS[kind]
+        return EXACT_PASS_ROWS
 
-    return None if all(any_rows(t) for t in read_header_cached(target.path).tensors) else EXACT_PASS_ROWS
+    bounds = [b for t in read_header_cached(target.path).tensors if (b := rows(t)) is not None]
+    return min(bounds, default=None)
 
 
 class _PassBoundDepth(FixedDepth):

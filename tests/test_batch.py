@@ -282,8 +282,8 @@ def test_no_decoding_pass_holds_more_rows_than_the_bound(pair, monkeypatch):
 
 
 def test_the_rows_bound_follows_the_weight_types_and_the_cpu_backend(monkeypatch):
-    """No bound where every weight is computed alike in a pass of any size: F32, F16 and Q8_0
-    anywhere; Q4_K and Q6_K where the CPU backend has AVX2 and repacks them (rows in eights)."""
+    """The least bound the weights allow: none for F32, F16 and Q8_0, nor for Q6_K where the CPU
+    backend has AVX2 and repacks it (rows in eights); 32 rows for Q4_K so repacked; 16 otherwise."""
     from types import SimpleNamespace
 
     from gguf import GGMLQuantizationType as Q
@@ -298,9 +298,10 @@ def test_the_rows_bound_follows_the_weight_types_and_the_cpu_backend(monkeypatch
 
     q4_K_M = [(Q.F32, (2048,)), (Q.Q4_K, (512, 2048)), (Q.Q4_K, (64, 512, 2048)), (Q.Q6_K, (100352, 2048))]
     assert bound([(Q.F32, (128,)), (Q.Q8_0, (256, 128))], {"AVX"}) is None
-    assert bound(q4_K_M, {"AVX", "AVX2"}) is None
+    assert bound([(Q.F32, (128,)), (Q.Q6_K, (256, 128))], {"AVX2"}) is None
+    assert bound(q4_K_M, {"AVX", "AVX2"}) == 32
     assert bound(q4_K_M, {"AVX"}) == EXACT_PASS_ROWS                      # no AVX2: 4-row tiles
-    assert bound(q4_K_M + [(Q.Q4_K, (100, 2048))], {"AVX2"}) == EXACT_PASS_ROWS   # not repacked
+    assert bound(q4_K_M + [(Q.Q6_K, (100, 2048))], {"AVX2"}) == EXACT_PASS_ROWS   # not repacked
     assert bound(q4_K_M + [(Q.Q5_K, (512, 2048))], {"AVX2"}) == EXACT_PASS_ROWS
 
 
@@ -309,8 +310,8 @@ def test_q4_K_M_sequences_at_depth_4_equal_their_solo_outputs(monkeypatch):
     """Four sequences at n_max 4 on the XS-width Q4_K_M target. Where Q4_K passes of more than 16
     rows took the 4-row tiles, which sum in another order than the one-row kernel, three of the
     four outputs parted from their solo ones at tokens 6, 2 and 5 in 20-row passes, and the rows
-    bound held them to 16 (each drafting 3 while all four run). With AVX2 every pass takes the
-    rows kernel (patch 0019): no bound, 20-row passes, each output equal to its output alone."""
+    bound held them to 16 (each drafting 3 while all four run). With AVX2 passes of up to 32 rows
+    take the rows kernel (patch 0019): 20-row passes, each output equal to its output alone."""
     from laguna_dflash.runtime import llama
 
     target, drafter = built_xs_q4_K_M()
@@ -323,7 +324,7 @@ def test_q4_K_M_sequences_at_depth_4_equal_their_solo_outputs(monkeypatch):
         sum(len(t) for _, t, _, first in parts if first == 0)) or real(self, parts))
     with BatchEngine.open(pair, cfg, n_seq=4) as engine:
         avx2 = "AVX2" in llama.cpu_backend_features()
-        assert engine.max_pass_rows == (None if avx2 else EXACT_PASS_ROWS)
+        assert engine.max_pass_rows == (32 if avx2 else EXACT_PASS_ROWS)
         prompts = [engine.tokenize(p)[:8] for p in PROMPTS[:4]]
         together = [r.tokens for r in engine.generate_all(prompts, opts)]
         solo = [engine.generate_all([p], opts)[0].tokens for p in prompts]

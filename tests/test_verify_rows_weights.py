@@ -5,7 +5,8 @@ speculative verify pass (up to 16) against a quantized weight at once, sharing t
 weights between the rows: Q4_K in the repacked 8x8 layout (dense ``mul_mat`` and the experts'
 ``mul_mat_id``), plain Q6_K (dense, where Q6_K is not repacked) and, on x86 with AVX2, Q6_K in
 the repacked 8x8 layout and Q8_0 in the repacked 4-column layout. On AVX2 the rows kernels of
-all three repacked types take every pass, a prompt's too, in groups of 16 (Q4_K since 0019).
+repacked Q6_K and Q8_0 take every pass, a prompt's too, in groups of 16, and those of repacked
+Q4_K passes of up to 32 rows (0019).
 Each computes, per row, what the one-row kernel computes, so the claim tested here is exact:
 every row of an n-row product is bit-identical to that row computed alone (which runs the
 one-row kernel). Without the patches the Q4_K rows of 4 or more (4-row gemm tiles, another
@@ -139,16 +140,24 @@ def test_repacked_products_match_the_plain_layout(backend, shape):
         assert np.abs(got - want).max() <= 1e-5 * scale, (shape.name, rows, float(np.abs(got - want).max()), scale)
 
 
-@pytest.mark.parametrize("shape", [kw.WeightShape("dense-q4_K-2048", "q4_K", 2048, 512),
-                                   kw.WeightShape("dense-q6_K-2048", "q6_K", 2048, 256),
+@pytest.mark.parametrize("shape", [kw.WeightShape("dense-q6_K-2048", "q6_K", 2048, 256),
                                    kw.WeightShape("dense-q8_0-256", "q8_0", 256, 132)], ids=lambda s: s.name)
 def test_a_prompt_pass_computes_each_row_as_alone(backend, shape):
-    """Passes of more than 16 rows (a prompt, a batched round) over repacked Q4_K, Q6_K and Q8_0
-    weights take the multi-row kernel in groups of 16 (for Q4_K in place of the AVX2 gemm's 4-row
-    tiles, patch 0019), so their rows too are the rows alone (132 outputs: 16 groups of 8 columns
-    and one of 4)."""
+    """Passes of more than 16 rows (a prompt) over repacked Q6_K and Q8_0 weights take the
+    multi-row kernel in groups of 16 (x86 has no AVX2 gemm tiles for them), so their rows too are
+    the rows alone (132 outputs: 16 groups of 8 columns and one of 4)."""
     prod = kw.Product(backend, shape)
     for rows in (17, 40):
+        bad, worst = prod.row_mismatches(rows, seed=rows)
+        assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
+
+
+def test_a_q4_K_pass_of_up_to_32_rows_computes_each_row_as_alone(backend):
+    """Passes of 17-32 rows over repacked Q4_K weights (a batched round of several sequences'
+    verify rows) take the multi-row gemv in groups of 16 where the AVX2 gemm's 4-row tiles took
+    them before (patch 0019), so each row is the row alone. Larger passes keep the gemm."""
+    prod = kw.Product(backend, kw.WeightShape("dense-q4_K-2048", "q4_K", 2048, 512))
+    for rows in (17, 24, 32):
         bad, worst = prod.row_mismatches(rows, seed=rows)
         assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
 
