@@ -148,7 +148,6 @@ def main(argv: list[str] | None = None) -> int:
                                "peer_snapshot": {c.name: peer_snapshot(Path(c.binary).parent) for c in configs},
                                "table": table,
                                "samples_ms": samples}, indent=1)
-        args.json.with_suffix(".partial.json").unlink(missing_ok=True)  # the final JSON holds every sample
     if args.png:
         plot(args.png, configs, rows, table, args.threads)
     return 0
