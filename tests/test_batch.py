@@ -244,18 +244,25 @@ def test_q4_K_M_prompts_beside_other_sequences_equal_their_solo_outputs():
     assert [staggered[i] for i in range(4)] == solo, "started a few rounds apart"
 
 
+def recorded_decoding_passes(monkeypatch) -> list[list[tuple[int, int]]]:
+    """Every target decode from now on, as (sequence, rows) of its decoding parts (rows with
+    logits from the first; a prompt part's are its last only): an empty list for a prompt's pass."""
+    from laguna_dflash.runtime import llama
+
+    passes = []
+    real = llama.Context.decode_seqs
+    monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: passes.append(
+        [(seq, len(t)) for seq, t, _, first in parts if first == 0]) or real(self, parts))
+    return passes
+
+
 def test_no_decoding_pass_holds_more_rows_than_the_bound(pair, monkeypatch):
     """Under a rows bound (the bundled Q8_0 pair has none; forced here) no decoding pass holds
     more rows than it, with 1-8 sequences of every depth the drafter takes and auto, starting a
     round apart (a prompt's sequence joins others that drafted for fewer); no sequence waits
     more than a round for a pass; 4 sequences at n_max 4 draft 3 each while all four run."""
-    from laguna_dflash.runtime import llama
-
     assert pass_rows_bound(pair.target) is None
-    passes = []
-    real = llama.Context.decode_seqs
-    monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: passes.append(
-        [(seq, len(t)) for seq, t, _, first in parts if first == 0]) or real(self, parts))
+    passes = recorded_decoding_passes(monkeypatch)
     depths = itertools.cycle([*range(pair.max_draft + 1), "auto"])
     with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=8) as engine:
         engine.max_pass_rows = EXACT_PASS_ROWS
@@ -318,15 +325,12 @@ def test_q4_K_M_sequences_at_depth_4_equal_their_solo_outputs(monkeypatch):
     pair = resolve_pair(target, drafter)
     cfg = EngineConfig(n_ctx=256, n_threads=1, kv_type="f16", prompt_cache=False)
     opts = GenerateOptions(n_predict=10, n_max=4)
-    rows = []
-    real = llama.Context.decode_seqs
-    monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: rows.append(
-        sum(len(t) for _, t, _, first in parts if first == 0)) or real(self, parts))
+    passes = recorded_decoding_passes(monkeypatch)
     with BatchEngine.open(pair, cfg, n_seq=4) as engine:
         avx2 = "AVX2" in llama.cpu_backend_features()
         assert engine.max_pass_rows == (32 if avx2 else EXACT_PASS_ROWS)
         prompts = [engine.tokenize(p)[:8] for p in PROMPTS[:4]]
         together = [r.tokens for r in engine.generate_all(prompts, opts)]
         solo = [engine.generate_all([p], opts)[0].tokens for p in prompts]
-    assert max(rows) == (20 if avx2 else EXACT_PASS_ROWS)
+    assert max(sum(k for _, k in p) for p in passes) == (20 if avx2 else EXACT_PASS_ROWS)
     assert together == solo

@@ -140,24 +140,19 @@ def test_repacked_products_match_the_plain_layout(backend, shape):
         assert np.abs(got - want).max() <= 1e-5 * scale, (shape.name, rows, float(np.abs(got - want).max()), scale)
 
 
-@pytest.mark.parametrize("shape", [kw.WeightShape("dense-q6_K-2048", "q6_K", 2048, 256),
-                                   kw.WeightShape("dense-q8_0-256", "q8_0", 256, 132)], ids=lambda s: s.name)
-def test_a_prompt_pass_computes_each_row_as_alone(backend, shape):
-    """Passes of more than 16 rows (a prompt) over repacked Q6_K and Q8_0 weights take the
-    multi-row kernel in groups of 16 (x86 has no AVX2 gemm tiles for them), so their rows too are
-    the rows alone (132 outputs: 16 groups of 8 columns and one of 4)."""
+@pytest.mark.parametrize("shape, row_counts", [
+    (kw.WeightShape("dense-q6_K-2048", "q6_K", 2048, 256), (17, 40)),
+    (kw.WeightShape("dense-q8_0-256", "q8_0", 256, 132), (17, 40)),
+    (kw.WeightShape("dense-q4_K-2048", "q4_K", 2048, 512), (17, 24, 32)),
+], ids=lambda v: v.name if isinstance(v, kw.WeightShape) else "rows-" + "-".join(map(str, v)))
+def test_a_pass_of_more_than_16_rows_computes_each_row_as_alone(backend, shape, row_counts):
+    """Passes of more than 16 rows take the multi-row kernel in groups of 16, so their rows too
+    are the rows alone: over repacked Q6_K and Q8_0 every pass, a prompt's too (x86 has no AVX2
+    gemm tiles for them; 132 outputs: 16 groups of 8 columns and one of 4); over repacked Q4_K
+    passes of up to 32 rows, a batched round of several sequences' verify rows, where the AVX2
+    gemm's 4-row tiles took them before patch 0019 (larger passes keep the gemm)."""
     prod = kw.Product(backend, shape)
-    for rows in (17, 40):
-        bad, worst = prod.row_mismatches(rows, seed=rows)
-        assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
-
-
-def test_a_q4_K_pass_of_up_to_32_rows_computes_each_row_as_alone(backend):
-    """Passes of 17-32 rows over repacked Q4_K weights (a batched round of several sequences'
-    verify rows) take the multi-row gemv in groups of 16 where the AVX2 gemm's 4-row tiles took
-    them before (patch 0019), so each row is the row alone. Larger passes keep the gemm."""
-    prod = kw.Product(backend, kw.WeightShape("dense-q4_K-2048", "q4_K", 2048, 512))
-    for rows in (17, 24, 32):
+    for rows in row_counts:
         bad, worst = prod.row_mismatches(rows, seed=rows)
         assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
 
