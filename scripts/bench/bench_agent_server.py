@@ -323,7 +323,10 @@ def replay_session(config: Config, recording: dict, threads: int, ik_binary, ik_
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=600, max_retries=0)
         model = client.models.list().data[0].id
         if config.api == "messages":
-            client = anthropic.Anthropic(base_url=server.url, api_key="unused", timeout=600, max_retries=0)
+            # a new connection per request: on a kept-alive one, ik's llama-server drops a later
+            # streamed /v1/messages request unanswered (turn 6 of run 4, turn 10 in a later probe)
+            client = anthropic.Anthropic(base_url=server.url, api_key="unused", timeout=600, max_retries=0,
+                                         default_headers={"Connection": "close"})
         ask = send_messages if config.api == "messages" else send
         messages = recording["messages"]
         out = []
