@@ -62,6 +62,8 @@ def _declare(h: ctypes.CDLL) -> None:
         "laguna_ext_model_is_dflash_laguna": ([model_p], ctypes.c_bool),
         "laguna_ext_model_target_layer_ids": ([model_p, ctypes.POINTER(ctypes.c_int32), ctypes.c_int32],
                                               ctypes.c_int32),
+        # llama.cpp's own, which llama-cpp-python does not bind (runtime/threadpool.py)
+        "llama_attach_threadpool": ([ctx_p, ctypes.c_void_p, ctypes.c_void_p], None),
     }
     for name, (args, res) in sig.items():
         fn = getattr(h, name, None)

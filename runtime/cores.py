@@ -6,10 +6,10 @@ probe of ``/proc/stat`` when the run starts. ggml's threads meet at a barrier af
 so one thread that shares its core with another process holds all the others back: on a 2-core
 machine with one busy loop, two threads decoded 2.65x slower than one (docs/results/busy-machine/README.md).
 
-Waiting threads are left to libgomp's defaults: this build runs ggml's threads with OpenMP,
-which never reads ggml's ``poll`` setting, and a shorter libgomp spin (``GOMP_SPINCOUNT``) cost
-nothing idle but decoded 3x slower beside a competitor that arrived mid-run
-(docs/results/busy-machine/README.md).
+Waiting threads: the CPU wheel runs ggml's own thread pool (runtime/threadpool.py), whose idle
+workers spin a few milliseconds for the next graph, then sleep. The CUDA wheel keeps OpenMP and
+libgomp's defaults: a shorter libgomp spin (``GOMP_SPINCOUNT``) cost nothing idle but decoded 3x
+slower beside a competitor that arrived mid-run (docs/results/busy-machine/README.md).
 
 Load meter (``CpuMeter``): CPU time the cores used that this process did not use, as cores'
 worth on average between two snapshots; ``laguna-run bench`` reports it, because tokens/s

@@ -30,6 +30,7 @@ ll = bindings.lowlevel()  # a one-line error, not an ImportError, when llama-cpp
 from .cores import cpu_features, threads_for_run
 from .errors import ClosedError, LlamaError
 from .params import MAX_SEQ
+from .threadpool import ThreadPool
 from ..convert.gguf import keys as K
 
 GGUF_MAGIC = b"GGUF"
@@ -357,6 +358,10 @@ class Context(_NativeHandle):
         model._contexts.add(self)
         if other is not None:
             other._dependents.add(self)
+        # a borrower decodes in turn with the context it borrows from: the same workers serve both
+        lender = getattr(other, "pool", None)
+        self.pool = lender if lender is not None and lender.n_threads == self.n_threads else ThreadPool(self.n_threads)
+        self.pool.attach(bindings.lib(), self._ptr)
         self.n_ctx = ll.llama_n_ctx(self._ptr)
         self.n_seq = p.n_seq
         self.n_ctx_seq = ll.llama_n_ctx_seq(self._ptr)  # each sequence's cells
@@ -561,7 +566,8 @@ class Context(_NativeHandle):
             b.assign_seq(0, b.n_other, 0)
             b.n_other = 0
         b.batch.n_tokens = n
-        rc = ll.llama_decode(self.ptr, b.batch)
+        with self.pool.lock:
+            rc = ll.llama_decode(self.ptr, b.batch)
         if self._rpc:
             self._check_rpc(rc)
         if rc != 0:
@@ -718,6 +724,8 @@ class Context(_NativeHandle):
         if getattr(self, "_ptr", None):
             ll.llama_free(self._ptr)
             self._ptr = None
+            if getattr(self, "pool", None) is not None:
+                self.pool.detach()
 
 
 class SeqView:
@@ -746,6 +754,10 @@ class SeqView:
     @property
     def _dependents(self):
         return self.ctx._dependents
+
+    @property
+    def pool(self) -> ThreadPool:
+        return self.ctx.pool
 
     @property
     def closed(self) -> bool:

@@ -68,6 +68,12 @@ def build_flags(cuda: bool, cuda_arch: str) -> list[str]:
     flags = ["-DLLAVA_BUILD=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_RPC=ON"]
     if cuda:
         flags += ["-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}", *cublas_flags(), *driver_flags()]
+    else:
+        # ggml's own thread pool instead of OpenMP's: its barrier is one atomic counter where
+        # libgomp's costs microseconds, and a graph meets its threads about a thousand times a
+        # step on the tiny pair; each context gets a pool (runtime/threadpool.py). The CUDA
+        # wheel, which computes on the GPU, keeps OpenMP.
+        flags += ["-DGGML_OPENMP=OFF"]
     return flags
 
 

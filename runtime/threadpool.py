@@ -1,0 +1,66 @@
+"""ggml's CPU thread pool, one per engine: a target context and the contexts that borrow from it.
+
+The CPU wheel is built without OpenMP, so ggml runs its own worker threads, and they live in a
+pool attached to a context (llama.cpp's ``llama_attach_threadpool``). A context without one gets
+a new pool, and new threads, at every decode. A target and its drafter decode in turn and never
+at once, so they share one pool: two pools would keep two sets of workers polling against each
+other on the same cores (measured 5x slower rounds on 2 cores). The pool's lock makes "never at
+once" a rule rather than a habit. In an OpenMP build (the CUDA wheel) a pool holds no threads and
+attaching one changes nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+
+#: GGML_MAX_N_THREADS: the size of the pool parameters' CPU mask
+_MAX_THREADS = 512
+#: ggml's polling level (0-100): how long an idle worker spins for the next graph before it
+#: sleeps. At 1 it spins about as long as libgomp's default spin (a few milliseconds), which
+#: covers the host's work between a round's decodes. llama.cpp's default of 50 spins about 50
+#: times longer and took as much CPU from whatever else runs on the core.
+POLL = 1
+
+
+class _Params(ctypes.Structure):
+    # struct ggml_threadpool_params (ggml.h)
+    _fields_ = [("cpumask", ctypes.c_bool * _MAX_THREADS), ("n_threads", ctypes.c_int), ("prio", ctypes.c_int),
+                ("poll", ctypes.c_uint32), ("strict_cpu", ctypes.c_bool), ("paused", ctypes.c_bool)]
+
+
+@functools.cache
+def _cpu_backend() -> ctypes.CDLL:
+    # the library llama.cpp already loaded: dlopen finds a loaded object by its soname
+    lib = ctypes.CDLL("libggml-cpu.so.0")
+    lib.ggml_threadpool_new.argtypes = [ctypes.POINTER(_Params)]
+    lib.ggml_threadpool_new.restype = ctypes.c_void_p
+    lib.ggml_threadpool_free.argtypes = [ctypes.c_void_p]
+    lib.ggml_threadpool_free.restype = None
+    return lib
+
+
+class ThreadPool:
+    """``n_threads`` workers (the caller's thread among them), freed when the last context
+    using the pool is closed."""
+
+    def __init__(self, n_threads: int) -> None:
+        params = _Params(n_threads=n_threads, prio=0, poll=POLL, strict_cpu=False, paused=False)
+        self.n_threads = n_threads
+        self.ptr = _cpu_backend().ggml_threadpool_new(ctypes.byref(params))
+        if not self.ptr:
+            raise RuntimeError(f"ggml could not start a pool of {n_threads} threads")
+        self.lock = threading.Lock()  # one graph at a time on these workers
+        self._users = 0
+
+    def attach(self, llama_lib, ctx_ptr) -> None:
+        llama_lib.llama_attach_threadpool(ctx_ptr, self.ptr, self.ptr)
+        self._users += 1
+
+    def detach(self) -> None:
+        """A context that used the pool is freed; the last one frees the pool."""
+        self._users -= 1
+        if self._users == 0 and self.ptr:
+            _cpu_backend().ggml_threadpool_free(self.ptr)
+            self.ptr = None
