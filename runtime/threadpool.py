@@ -31,9 +31,14 @@ class _Params(ctypes.Structure):
 
 
 @functools.cache
-def _cpu_backend() -> ctypes.CDLL:
-    # the library llama.cpp already loaded: dlopen finds a loaded object by its soname
-    lib = ctypes.CDLL("libggml-cpu.so.0")
+def _cpu_backend() -> ctypes.CDLL | None:
+    """ggml's CPU backend as llama.cpp loaded it (dlopen finds a loaded object by its soname);
+    None where it is not there by that name, and contexts then run without a pool of ours."""
+    try:
+        lib = ctypes.CDLL("libggml-cpu.so.0")
+        lib.ggml_threadpool_new  # noqa: B018 (a missing symbol raises here)
+    except (OSError, AttributeError):
+        return None
     lib.ggml_threadpool_new.argtypes = [ctypes.POINTER(_Params)]
     lib.ggml_threadpool_new.restype = ctypes.c_void_p
     lib.ggml_threadpool_free.argtypes = [ctypes.c_void_p]
@@ -48,14 +53,14 @@ class ThreadPool:
     def __init__(self, n_threads: int) -> None:
         params = _Params(n_threads=n_threads, prio=0, poll=POLL, strict_cpu=False, paused=False)
         self.n_threads = n_threads
-        self.ptr = _cpu_backend().ggml_threadpool_new(ctypes.byref(params))
-        if not self.ptr:
-            raise RuntimeError(f"ggml could not start a pool of {n_threads} threads")
+        backend = _cpu_backend()
+        self.ptr = backend.ggml_threadpool_new(ctypes.byref(params)) if backend else None
         self.lock = threading.Lock()  # one graph at a time on these workers
         self._users = 0
 
     def attach(self, llama_lib, ctx_ptr) -> None:
-        llama_lib.llama_attach_threadpool(ctx_ptr, self.ptr, self.ptr)
+        if self.ptr:  # without a pool, ggml makes one for each decode
+            llama_lib.llama_attach_threadpool(ctx_ptr, self.ptr, self.ptr)
         self._users += 1
 
     def detach(self) -> None:
