@@ -4,8 +4,8 @@ The CPU wheel is built without OpenMP, so ggml runs its own worker threads, and 
 pool attached to a context (llama.cpp's ``llama_attach_threadpool``). A context without one gets
 a new pool, and new threads, at every decode. A target and its drafter decode in turn and never
 at once, so they share one pool: two pools would keep two sets of workers polling against each
-other on the same cores (measured 5x slower rounds on 2 cores). The pool's lock makes "never at
-once" a rule rather than a habit. In an OpenMP build (the CUDA wheel) a pool holds no threads and
+other on the same cores (docs/results/peer, run 9). The pool's lock makes "never at once" a rule
+rather than a habit. In an OpenMP build (the CUDA wheel) a pool holds no threads and
 attaching one changes nothing.
 """
 
@@ -19,8 +19,8 @@ import threading
 _MAX_THREADS = 512
 #: ggml's polling level (0-100): how long an idle worker spins for the next graph before it
 #: sleeps. At 1 it spins about as long as libgomp's default spin (a few milliseconds), which
-#: covers the host's work between a round's decodes. llama.cpp's default of 50 spins about 50
-#: times longer and took as much CPU from whatever else runs on the core.
+#: covers the host's work between a round's decodes and decoded as fast as llama.cpp's default
+#: of 50, which keeps a core spinning about 50 times longer after each graph.
 POLL = 1
 
 
