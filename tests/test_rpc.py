@@ -42,13 +42,13 @@ def server_command() -> list[str]:
 
 
 @contextlib.contextmanager
-def rpc_servers(n: int, *extra: str):
+def rpc_servers(n: int, *extra: str, threads: int = 1):
     """n laguna-rpc-server processes on free loopback ports; killed however the block ends."""
     procs, endpoints = [], []
     try:
         for _ in range(n):
             port = free_port()
-            procs.append(subprocess.Popen([*server_command(), "--port", str(port), "--threads", "1", *extra],
+            procs.append(subprocess.Popen([*server_command(), "--port", str(port), "--threads", str(threads), *extra],
                                           cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
             endpoints.append(f"127.0.0.1:{port}")
         for proc, ep in zip(procs, endpoints):
@@ -299,6 +299,27 @@ def test_a_server_memory_cap_refuses_the_load_instead_of_aborting(pair):
     with rpc_servers(1, "--mem", "1") as (endpoints, _):  # 1 MiB: less than the tiny target's layers
         with pytest.raises(LlamaError, match="refused to load"):
             Engine.load(*pair, config(rpc=tuple(endpoints)))
+
+
+def live_threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts a process's threads in /proc")
+def test_a_server_of_several_threads_keeps_its_workers_between_graphs(pair):
+    # Without OpenMP a CPU device with no thread pool starts and joins its workers at every graph
+    # it computes (half the tokens/s at --threads 2); the server attaches one pool of --threads
+    # threads (patch 0024), whose workers live as long as the server.
+    from laguna_dflash.runtime import llama
+
+    if "OPENMP" in llama.cpu_backend_features():
+        pytest.skip("an OpenMP build's pool has no workers of its own")
+    with rpc_servers(1, threads=3) as (endpoints, procs):
+        pid = procs[0].pid  # laguna-rpc-server execs the binary: the same process
+        assert live_threads(pid) == 3
+        with Engine.load(*pair, config(rpc=tuple(endpoints))) as eng:
+            assert len(eng.generate(PROMPT, GenerateOptions(n_predict=4, n_max=0)).tokens) == 4
+            assert live_threads(pid) == 3
 
 
 def test_laguna_rpc_server_binds_loopback_unless_exposed(monkeypatch, capsys):

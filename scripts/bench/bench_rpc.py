@@ -9,7 +9,9 @@ turn (interleaved: prompt by prompt, repeat by repeat, so the machine's noise fa
 - ``local``: the target on this process's CPU (``-t 1``);
 - ``rpc``: every target layer on a laguna-rpc-server (``--threads 1``) reached directly;
 - ``rpc+Nms``: the same through scripts/bench/delay_proxy.py, which delays everything the client
-  sends by N ms (so each command that waits for an answer costs N ms more) and counts bytes.
+  sends by N ms (so each command that waits for an answer costs N ms more) and counts bytes;
+- ``rpc[LABEL]`` for each ``--server LABEL=PATH``: the same as ``rpc`` on that rpc-server binary
+  (e.g. another wheel's ``llama_cpp/lib/ggml-rpc-server``, for an A/B of a server patch in one run).
 
 The drafter and the target's head stay in the client (laguna-run's default with --rpc). For
 each configuration and depth: tokens/s of each repeat (generated tokens over generation time,
@@ -31,11 +33,13 @@ from scripts.bench.delay_proxy import DelayProxy
 from scripts.recorded import command_line, write_results
 
 
-def start_server(port: int, threads: int) -> subprocess.Popen:
+def start_server(port: int, threads: int, binary: Path | None = None) -> subprocess.Popen:
     from laguna_dflash.runtime import rpc
 
     script = Path(sys.executable).parent / "laguna-rpc-server"
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "laguna_dflash.runtime.rpc_server"]
+    if binary is not None:
+        cmd = [str(binary), "--host", "127.0.0.1"]
     proc = subprocess.Popen([*cmd, "--port", str(port), "--threads", str(threads)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
@@ -70,6 +74,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prompts", type=int, default=5, help="how many of the bundled code prompts")
     ap.add_argument("-t", "--threads", type=int, default=1, help="client threads, and each server's")
+    ap.add_argument("--server", action="append", default=[], metavar="LABEL=PATH",
+                    help="another rpc-server binary, run as configuration rpc[LABEL] (repeatable)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     args = ap.parse_args()
@@ -81,7 +87,11 @@ def main() -> int:
     from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
 
     console = Console(stderr=True)
-    latencies = [float(x) for x in args.latencies.split(",")]
+    latencies = [float(x) for x in args.latencies.split(",") if x]  # "": no proxied configurations
+    servers = [tuple(spec.split("=", 1)) for spec in args.server]
+    for spec in servers:
+        if len(spec) != 2 or not Path(spec[1]).is_file():
+            ap.error(f"--server: expected LABEL=PATH of an rpc-server binary, found {'='.join(spec)!r}")
     depths = [d if d == "auto" else int(d) for d in args.depths.split(",")]
     prompts = assets.read_prompts(assets.CODE_PROMPTS)[:args.prompts]
     target, drafter = assets.default_pair(None)
@@ -94,6 +104,10 @@ def main() -> int:
         port = free_port()
         procs.append(start_server(port, args.threads))
         engines["rpc"] = Engine.load(target, drafter, EngineConfig(**base, rpc=(f"127.0.0.1:{port}",)))
+        for label, binary in servers:
+            port = free_port()
+            procs.append(start_server(port, args.threads, Path(binary)))
+            engines[f"rpc[{label}]"] = Engine.load(target, drafter, EngineConfig(**base, rpc=(f"127.0.0.1:{port}",)))
         for ms in latencies:
             port = free_port()
             procs.append(start_server(port, args.threads))
