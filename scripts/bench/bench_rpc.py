@@ -187,6 +187,7 @@ def main() -> int:
 
 
 def print_table(result: dict, console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title="tokens/s (median of repeats; min-max)")
@@ -199,7 +200,7 @@ def print_table(result: dict, console) -> None:
         s = row["tokens_per_s"]
         v = row.get("vs_plain")
         b = row.get("bytes_per_token")
-        t.add_row(row["config"], str(row["n_max"]), f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})",
+        t.add_row(escape(row["config"]), str(row["n_max"]), f"{s['median']:.1f} ({s['min']:.1f}-{s['max']:.1f})",
                   f"{v['median']:.2f}x" if v else "", f"{b['sent']:.0f} / {b['received']:.0f}" if b else "")
     console.print(t)
 
