@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from ..convert.gguf.rules import read_header_cached
 from ..convert.gguf.specs import TargetSpec
 from .drafter import Drafter
-from .engine import EngineConfig, GenerationResult, one_sequence_params, refuse_closed
+from .engine import EngineConfig, GenerationResult, one_sequence_params, refuse_closed, target_flash_attn
 from .llama import Context, ContextParams, LlamaError, Model, SeqView, cpu_backend_features
 from .open_pair import PairFiles, open_models
 from .prompt_cache import PromptCache
@@ -178,7 +178,8 @@ class BatchEngine:
             # every slot's deepest verify block fits one batch; a microbatch takes them all at once
             n_batch = max(cfg.n_batch, n_seq * (deepest + 1))
             params = ContextParams(n_ctx=cfg.n_ctx * n_seq, n_batch=n_batch, n_ubatch=min(cfg.n_ubatch or n_batch, n_batch),
-                                   kv_type=cfg.kv_type, n_threads=cfg.n_threads, swa_full=True, n_seq=n_seq)
+                                   kv_type=cfg.kv_type, n_threads=cfg.n_threads, swa_full=True, n_seq=n_seq,
+                                   flash_attn=target_flash_attn(cfg))
         self.ctx = Context(target, params)
         # a prompt part: the one-slot context's microbatch, where the prompt alone is cut
         self._prompt_part = params.n_batch if n_seq == 1 else \

@@ -61,6 +61,14 @@ class GenerationResult:
     stop_reason: str
 
 
+def target_flash_attn(cfg: EngineConfig) -> bool:
+    """Flash attention for a target that computes on this machine's CPU: it skips the masked
+    cells and fuses the softmax (a plain step and a batched pass of the tiny target cost less),
+    and patch 0025 makes the CPU kernel score a row alone as in a verify pass. A target with
+    layers on a GPU or on RPC servers keeps the attention whose exactness was checked there."""
+    return cfg.n_gpu_layers == 0 and not cfg.rpc
+
+
 def one_sequence_params(cfg: EngineConfig, window: int, deepest: int, drafting: bool) -> ContextParams:
     """The target context of one sequence: the microbatch that keeps its sliding-window cache
     smallest (a ring: patch 0006 lays position p out in cell p % size, whatever the rollbacks)."""
@@ -69,7 +77,7 @@ def one_sequence_params(cfg: EngineConfig, window: int, deepest: int, drafting: 
     # rollback makes visible again; keep the whole window when it could be split.
     swa_full = drafting and n_ubatch < deepest + 1
     return ContextParams(n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=n_ubatch, kv_type=cfg.kv_type,
-                         n_threads=cfg.n_threads, swa_full=swa_full)
+                         n_threads=cfg.n_threads, swa_full=swa_full, flash_attn=target_flash_attn(cfg))
 
 
 def refuse_closed(closed: bool, target: Model) -> None:

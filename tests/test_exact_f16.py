@@ -17,7 +17,7 @@ import pytest
 
 from helpers import kernel_rows
 from laguna_dflash.runtime import assets
-from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions, target_flash_attn
 from laguna_dflash.runtime.llama import Context, ContextParams, Model
 
 PROMPTS = assets.read_prompts(assets.CODE_PROMPTS)
@@ -53,13 +53,18 @@ def long_prompt(rotation: int = 0) -> str:
     return "\n\n".join(PROMPTS[rotation:] + PROMPTS[:rotation])
 
 
-def test_verify_rows_are_bit_identical_to_decode_steps_at_long_context(target):
+@pytest.mark.parametrize("flash_attn, threads", [(False, 1), (True, 1), (True, 2)],
+                         ids=["matrix-t1", "flash-t1", "flash-t2"])
+def test_verify_rows_are_bit_identical_to_decode_steps_at_long_context(target, flash_attn, threads):
     """Logits of a 5-row batch equal those of five one-row steps at the same positions, with
-    the default F16 cache 3.3k tokens deep (before the patch: 2 of these 30 rows differed)."""
+    the default F16 cache 3.3k tokens deep (before patch 0010: 2 of these 30 rows differed
+    without flash attention; before patch 0025, with flash attention at two threads, where a
+    one-row step split the cache between the threads, every row differed)."""
     toks = target.tokenize(long_prompt())
     assert len(toks) > 3000
     rows, steps = 5, 6
-    with Context(target, ContextParams(n_ctx=4096, kv_type="f16", n_threads=1)) as ctx:
+    params = ContextParams(n_ctx=4096, kv_type="f16", n_threads=threads, flash_attn=flash_attn)
+    with Context(target, params) as ctx:
         for i in range(0, len(toks), 512):
             ctx.decode(toks[i:i + 512], np.arange(i, min(i + 512, len(toks))), logits="last")
         pos, tok = len(toks), int(ctx.logits_row(-1).argmax())
@@ -77,6 +82,31 @@ def test_verify_rows_are_bit_identical_to_decode_steps_at_long_context(target):
                     f"position {pos + r}: row {r} of a {rows}-row batch differs from the one-row step "
                     f"(max |diff| {np.abs(batch - single[r]).max():.2e})")
             pos, tok = pos + rows, seq[rows]
+
+
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["matrix", "flash"])
+def test_a_prompt_scores_the_same_wherever_its_passes_are_cut(target, flash_attn):
+    """The prompt cache and the batched slots decode a prompt's rows in other passes than a
+    request alone does; its logits must not follow the cut (before patch 0025, flash attention
+    took a tiled kernel for passes of 64 rows or more: 0.07 apart)."""
+    toks = target.tokenize(PROMPTS[0])[:96]
+    assert len(toks) == 96
+    last = {}
+    for cut in (96, 90, 64, 40, 1):
+        with Context(target, ContextParams(n_ctx=512, n_threads=2, flash_attn=flash_attn)) as ctx:
+            ctx.decode(toks[:cut], np.arange(cut), logits="last")
+            if cut < 96:
+                ctx.decode(toks[cut:], np.arange(cut, 96), logits="last")
+            last[cut] = ctx.logits_row(-1).copy()
+    for cut, logits in last.items():
+        assert np.array_equal(logits.view(np.uint32), last[96].view(np.uint32)), (
+            f"prompt cut at {cut}: max |diff| {np.abs(logits - last[96]).max():.2e} from one pass")
+
+
+def test_a_target_on_this_cpu_runs_flash_attention_and_one_elsewhere_does_not():
+    assert target_flash_attn(EngineConfig())
+    assert not target_flash_attn(EngineConfig(n_gpu_layers=99))
+    assert not target_flash_attn(EngineConfig(rpc=("127.0.0.1:50052",)))
 
 
 @pytest.fixture(scope="module")
@@ -131,14 +161,16 @@ def test_greedy_speculative_equals_plain_at_6k_tokens(target):
     assert spec.tokens == plain, f"speculative output leaves plain decoding at token {first}"
 
 
-def test_two_threads_score_a_step_and_a_verify_as_one_thread_does(target):
+@pytest.mark.parametrize("flash_attn", [False, True], ids=["matrix", "flash"])
+def test_two_threads_score_a_step_and_a_verify_as_one_thread_does(target, flash_attn):
     """The CPU kernels that split a product among threads (patches 0016 and 0017: whole heads of
     attention's float matmuls per thread; a one-row step's activations quantized by every thread
-    for itself) leave every logit as one thread computes it, steps and verify rows alike."""
+    for itself; 0025: flash attention's heads per thread) leave every logit as one thread
+    computes it, steps and verify rows alike."""
     toks = target.tokenize(PROMPTS[0])
     logits = {}
     for threads in (1, 2):
-        with Context(target, ContextParams(n_ctx=1024, kv_type="f16", n_threads=threads)) as ctx:
+        with Context(target, ContextParams(n_ctx=1024, kv_type="f16", n_threads=threads, flash_attn=flash_attn)) as ctx:
             ctx.decode(toks, np.arange(len(toks)), logits="last")
             pos, out = len(toks), [ctx.logits_row(-1).copy()]
             for _ in range(6):  # one-row steps
