@@ -25,7 +25,8 @@ equals its own plain output in every repetition (token ids for laguna-run, text 
 ``--baseline-lib DIR`` adds an earlier build of laguna-run's libraries (a copy of an installed
 ``llama_cpp/lib``) as one more system, "laguna-run (baseline)", run in a worker process with
 ``LLAMA_CPP_LIB_PATH=DIR`` in the same interleaved order, so a kernel change is judged against
-the build before it on the same machine in the same minutes.
+the build before it on the same machine in the same minutes. ``--baseline-matrix-attention``
+runs the baseline's target without flash attention, as the engine did before it used it.
 
 Skips (exit 0, with a message) when ik_llama.cpp is not built. ik refuses drafters whose
 pre-FFN norms are named ``blk.N.ffn_norm``; ``--rename-ffn-norm`` gives ik a copy with ik's name
@@ -69,10 +70,14 @@ def run_ours(engine, config, prompts: list[str], n_predict: int) -> dict:
     return out
 
 
-def serve_configs(target: Path, drafter: Path, threads: int) -> int:
+def serve_configs(target: Path, drafter: Path, threads: int, matrix_attention: bool = False) -> int:
     """The baseline's worker: one engine, then one JSON request a line on stdin ({"config",
     "prompts", "n_predict"}) answered with run_ours's result on stdout."""
+    from laguna_dflash.runtime import engine as engine_module
     from laguna_dflash.runtime.engine import Engine, EngineConfig
+
+    if matrix_attention:
+        engine_module.target_flash_attn = lambda cfg: False
 
     with Engine.load(target, drafter, EngineConfig(n_threads=threads)) as engine:
         print(json.dumps({"ready": True}), flush=True)
@@ -85,10 +90,12 @@ def serve_configs(target: Path, drafter: Path, threads: int) -> int:
 class BaselineWorker:
     """laguna-run over an earlier build's libraries, in a process of its own."""
 
-    def __init__(self, lib_dir: Path, target: Path, drafter: Path, threads: int) -> None:
+    def __init__(self, lib_dir: Path, target: Path, drafter: Path, threads: int, matrix_attention: bool = False) -> None:
         env = {**os.environ, "LLAMA_CPP_LIB_PATH": str(lib_dir)}
         cmd = [sys.executable, "-m", "scripts.bench.bench_peer", "--serve-configs", "--drafter", str(drafter),
                "--target", str(target), "-t", str(threads)]
+        if matrix_attention:
+            cmd.append("--matrix-attention")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         if not self._reply().get("ready"):
             raise RuntimeError(f"the baseline worker over {lib_dir} did not start")
@@ -194,13 +201,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="give ik a copy with blk.N.ffn_norm renamed to its blk.N.post_attention_norm")
     ap.add_argument("--baseline-lib", type=Path,
                     help="an earlier build's llama_cpp/lib, run as one more laguna-run system (a worker process)")
+    ap.add_argument("--baseline-matrix-attention", action="store_true",
+                    help="the baseline runs its target without flash attention")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     ap.add_argument("--serve-configs", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--matrix-attention", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--target", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_configs:
-        return serve_configs(args.target, args.drafter, args.threads)
+        return serve_configs(args.target, args.drafter, args.threads, args.matrix_attention)
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -250,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     floor_tps: list[float] = []
     load = {"before": os.getloadavg(), "per_repetition": []}  # 1-, 5-, 15-minute; 1-minute after each repetition
 
-    baseline = BaselineWorker(args.baseline_lib, target, drafter, args.threads) if args.baseline_lib else None
+    baseline = (BaselineWorker(args.baseline_lib, target, drafter, args.threads, args.baseline_matrix_attention)
+                if args.baseline_lib else None)
     with Engine.load(target, drafter, EngineConfig(n_threads=args.threads)) as engine:
         runners = {OURS: lambda c, ps, n: run_ours(engine, c, ps, n)}
         if baseline:
@@ -350,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"prompts": len(prompts), "prompt_tokens": prompt_tokens, "n_predict": args.n_predict,
                      "threads": args.threads, "repetitions": args.repetitions, "depths": depths,
                      "baseline_lib": str(args.baseline_lib) if args.baseline_lib else None,
+                     "baseline_matrix_attention": bool(args.baseline_lib and args.baseline_matrix_attention),
                      "target": target.name, "drafter": drafter.name, "ik_drafter": ik_drafter.name},
         "peer_snapshot": snapshots,
         "commands": {IK: ik_command(ik_bin, target, ik_drafter, 4, Path("PROMPTS.jsonl"), args.n_predict,
