@@ -242,7 +242,10 @@ def test_sampling_draws_from_the_masked_distribution(target, engine):
         assert stat < _chi2_crit(max(1, len(set(a) | set(b)) - 1)), f"position {i}: {a} vs {b}"
     # the first token against the masked softmax of the prompt's logits
     prompt_tokens = engine.tokenize(prompt)
-    with Context(target, ContextParams(n_ctx=256, kv_type="f32", n_threads=1)) as ctx:
+    # the engine's attention: flash attention's logits are about 0.02 from the matrix path's, which
+    # at temperature 0.3 moves the masked softmax past this test's resolution
+    attention = engine.ctx.params.flash_attn
+    with Context(target, ContextParams(n_ctx=256, kv_type="f32", n_threads=1, flash_attn=attention)) as ctx:
         ctx.decode(prompt_tokens, np.arange(len(prompt_tokens)), logits="last")
         logits = np.array(ctx.logits_view(len(prompt_tokens) - 1))
     probs = _masked_probs(logits, c.matcher().allowed(), params["temperature"])
