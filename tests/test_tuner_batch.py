@@ -94,6 +94,27 @@ def test_a_pass_is_timed_only_as_planned():
     assert planner.current is not pd and set(planner.passes) == {(2, 0), (2, 5)}
 
 
+def test_a_pass_of_a_new_width_starts_from_the_nearest_timed_one():
+    """Four sequences timed: plain 4 ms a pass, depth 4 18 ms, acceptance that makes plain best.
+    A pass of three (the fourth's prompt decoding) plans plain at once and keeps it, though none
+    of its passes is ever timed (each follows that prompt's pass); with probes of its own it
+    drafted at depths 2 and 4 for ever (live at 4 streams: 22 such passes over 3 repetitions)."""
+    planner = BatchPlanner(max_depth=8)
+    four = [0, 1, 2, 3]
+    for _ in range(200):
+        depths = planner.plan(four, other_rows=0, context=400)
+        for i, d in zip(four, depths):
+            planner.slot(i).observe(d, min(d, 1), 0.0)  # a draft or so accepted a round
+        planner.observe(dict(zip(four, depths)), 0, 0.004 + 0.0035 * depths[0])
+    wide = planner.passes[(4, 0)]
+    assert wide.best == 0 and wide.costs.medians()[0] == pytest.approx(0.004)
+    three = [planner.plan([0, 1, 2], other_rows=0, context=300) for _ in range(40)]
+    for _ in range(40):
+        planner.observe({0: 0, 1: 0, 2: 0}, 0, 0.003, timed=False)
+    assert three[0] == [0, 0, 0] and sum(d[0] > 0 for d in three) <= 2, three  # at most one visit
+    assert planner.passes[(3, 0)].costs.medians()[0] == pytest.approx(0.003)  # four's 4 ms, scaled to three
+
+
 @pytest.mark.parametrize("mix", MIXES)
 def test_planning_the_pass_beats_each_sequence_planning_alone(mix):
     """Each sequence's own tuner counts the pass as its cost and its extra rows as nobody's: it

@@ -22,9 +22,14 @@ theirs) per second of a pass at ``d``.
     ... the sequences choose, draft; one target decode ...
     planner.observe({0: 4, 1: 4, 2: 4, 3: 4}, other_rows=0, seconds=0.012, timed=True)
 
-A pass is keyed by its participants' count and the rows other sequences (fixed depths) add:
-its costs do not carry over to a pass of other width. A pass that also prefilled a prompt, whose
-sequences were not those planned, or where a sequence cut its depth at its end, is not timed.
+A pass is keyed by its participants' count and the rows other sequences (fixed depths) add,
+and keeps costs of its own. A pass of a new width starts from the nearest width already timed
+(beside as many other rows): that width's costs, scaled by the count of sequences, stand as one
+sample each, and its best depth as the incumbent, instead of probes of its own. Sequences start
+and end, so passes of fewer sequences are common, and some are never timed: a pass of the
+sequences that decode while another one's prompt does comes right after that prompt's pass. A
+pass that also prefilled a prompt, whose sequences were not those planned, or where a sequence
+cut its depth at its end, is not timed.
 ``plan(..., deepest=d)`` never gives a sequence more than ``d`` drafts (the engine's bound on a
 pass's rows, runtime/batch.py); a pass first planned under it chooses among depths ``0..d``.
 """
@@ -142,17 +147,32 @@ class BatchPlanner:
             return [0] * len(participants)
         key = (len(participants), other_rows)
         pd = self.passes.get(key)
-        if pd is None:
+        fresh = pd is None
+        if fresh:
             pd = self.passes[key] = PassDepth(len(participants), deepest, self.window)
         slots = [self.slot(i) for i in participants]
         pd.accept.slots = slots
         pd.context(context)
+        if fresh:
+            self._start_from_nearest(pd, other_rows)
         depth = min(pd.choose(), deepest)
         for s in slots:
             s.planned = depth
         self.current, self.last_total = pd, depth * len(slots)
         self._planned = (tuple(participants), other_rows)
         return [depth] * len(slots)
+
+    def _start_from_nearest(self, pd: PassDepth, other_rows: int) -> None:
+        """A new width's planner takes the nearest timed width's costs, scaled by the count of
+        sequences (a sequence's rows cost about as much in any pass), and its best depth."""
+        timed = [p for (n, rows), p in self.passes.items() if rows == other_rows and p is not pd and p.costs.medians()]
+        if not timed:
+            return
+        near = min(timed, key=lambda p: (abs(p.n - pd.n), -p.n))
+        for depth, cost in near.costs.medians().items():
+            if depth <= pd.max_depth:
+                pd.costs.add(depth, cost * pd.n / near.n)
+        pd.start_at(min(near.best, pd.max_depth))
 
     def observe(self, depths: dict[int, int], other_rows: int, seconds: float, timed: bool = True) -> None:
         """The pass of the last plan ran: ``depths`` per participating sequence as decoded (a

@@ -301,6 +301,16 @@ class AutoDepth(DepthPolicy):
         self._chose = depth
         return depth
 
+    def start_at(self, depth: int) -> None:
+        """Begin without the probes, ``depth`` the incumbent: the caller gave the costs
+        (runtime/tuner/batch.py, a pass of a new width). Not on a backend that replays graphs,
+        whose probes also settle its graphs."""
+        if self.graph_replay:
+            return
+        self._probe, self._probe_len = [], 0
+        self.best = depth
+        self.next_explore = self.min_explore
+
     def sequence_begins(self) -> None:
         if self._seq_rounds:
             self._seq_lengths = (self._seq_lengths + [self._seq_tokens])[-16:]
