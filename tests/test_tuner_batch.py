@@ -108,9 +108,10 @@ def test_a_pass_of_a_new_width_starts_from_the_nearest_timed_one():
         planner.observe(dict(zip(four, depths)), 0, 0.004 + 0.0035 * depths[0])
     wide = planner.passes[(4, 0)]
     assert wide.best == 0 and wide.costs.medians()[0] == pytest.approx(0.004)
-    three = [planner.plan([0, 1, 2], other_rows=0, context=300) for _ in range(40)]
+    three = []
     for _ in range(40):
-        planner.observe({0: 0, 1: 0, 2: 0}, 0, 0.003, timed=False)
+        three.append(planner.plan([0, 1, 2], other_rows=0, context=300))
+        planner.observe(dict.fromkeys([0, 1, 2], three[-1][0]), 0, 0.003, timed=False)
     assert three[0] == [0, 0, 0] and sum(d[0] > 0 for d in three) <= 2, three  # at most one visit
     assert planner.passes[(3, 0)].costs.medians()[0] == pytest.approx(0.003)  # four's 4 ms, scaled to three
 

@@ -37,9 +37,12 @@ def start_server(port: int, threads: int, binary: Path | None = None) -> subproc
     from laguna_dflash.runtime import rpc
 
     script = Path(sys.executable).parent / "laguna-rpc-server"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "laguna_dflash.runtime.rpc_server"]
     if binary is not None:
         cmd = [str(binary), "--host", "127.0.0.1"]
+    elif script.exists():
+        cmd = [str(script)]
+    else:
+        cmd = [sys.executable, "-m", "laguna_dflash.runtime.rpc_server"]
     proc = subprocess.Popen([*cmd, "--port", str(port), "--threads", str(threads)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
