@@ -116,6 +116,29 @@ def test_a_pass_of_a_new_width_starts_from_the_nearest_timed_one():
     assert planner.passes[(3, 0)].costs.medians()[0] == pytest.approx(0.003)  # four's 4 ms, scaled to three
 
 
+def test_a_width_planned_before_any_pass_was_timed_leaves_its_probes_once_one_is():
+    """The first passes of a batch run fewer sequences (the others' prompts still decoding), so
+    those widths are planned before any width was timed and start with probes; if their passes
+    are never timed they drafted at the first probe's depth for ever (live at 4 streams after
+    patch 0026: a pass of three at depth 2 in every repetition, where plain cost a quarter)."""
+    planner = BatchPlanner(max_depth=8)
+    assert planner.plan([0, 1, 2], other_rows=0, context=100) == [2, 2, 2]  # a probe: nothing timed yet
+    planner.observe(dict.fromkeys([0, 1, 2], 2), 0, 0.01, timed=False)
+    four = [0, 1, 2, 3]
+    for _ in range(200):
+        depths = planner.plan(four, other_rows=0, context=400)
+        for i, d in zip(four, depths):
+            planner.slot(i).observe(d, min(d, 1), 0.0)
+        planner.observe(dict(zip(four, depths)), 0, 0.004 + 0.0035 * depths[0])
+    assert planner.passes[(4, 0)].best == 0
+    three = []
+    for _ in range(40):
+        three.append(planner.plan([0, 1, 2], other_rows=0, context=300)[0])
+        planner.observe(dict.fromkeys([0, 1, 2], three[-1]), 0, 0.003, timed=False)
+    assert three[0] == 0 and sum(d > 0 for d in three) <= 2, three
+    assert not planner.passes[(3, 0)].probing
+
+
 @pytest.mark.parametrize("mix", MIXES)
 def test_planning_the_pass_beats_each_sequence_planning_alone(mix):
     """Each sequence's own tuner counts the pass as its cost and its extra rows as nobody's: it

@@ -23,11 +23,13 @@ theirs) per second of a pass at ``d``.
     planner.observe({0: 4, 1: 4, 2: 4, 3: 4}, other_rows=0, seconds=0.012, timed=True)
 
 A pass is keyed by its participants' count and the rows other sequences (fixed depths) add,
-and keeps costs of its own. A pass of a new width starts from the nearest width already timed
-(beside as many other rows): that width's costs, scaled by the count of sequences, stand as one
-sample each, and its best depth as the incumbent, instead of probes of its own. Sequences start
-and end, so passes of fewer sequences are common, and some are never timed: a pass of the
-sequences that decode while another one's prompt does comes right after that prompt's pass. A
+and keeps costs of its own. A pass of a width still in its probes starts from the nearest width
+past them (beside as many other rows), at its first plan or as soon as there is one: that
+width's costs, scaled by the count of sequences, stand as one sample each, and its best depth as
+the incumbent, instead of the rest of its probes. Sequences start and end, so passes of fewer
+sequences are common, and some are rarely or never timed: a pass of the sequences that decode
+while another one's prompt does comes right after that prompt's pass, and the first widths of a
+batch are planned before any pass was timed. A
 pass that also prefilled a prompt, whose sequences were not those planned, or where a sequence
 cut its depth at its end, is not timed.
 ``plan(..., deepest=d)`` never gives a sequence more than ``d`` drafts (the engine's bound on a
@@ -153,7 +155,7 @@ class BatchPlanner:
         slots = [self.slot(i) for i in participants]
         pd.accept.slots = slots
         pd.context(context)
-        if fresh:
+        if fresh or (pd.probing and not pd.graph_replay):
             self._start_from_nearest(pd, other_rows)
         depth = min(pd.choose(), deepest)
         for s in slots:
@@ -163,9 +165,12 @@ class BatchPlanner:
         return [depth] * len(slots)
 
     def _start_from_nearest(self, pd: PassDepth, other_rows: int) -> None:
-        """A new width's planner takes the nearest timed width's costs, scaled by the count of
-        sequences (a sequence's rows cost about as much in any pass), and its best depth."""
-        timed = [p for (n, rows), p in self.passes.items() if rows == other_rows and p is not pd and p.costs.medians()]
+        """A width's planner still in its probes takes the nearest timed width's costs, scaled by
+        the count of sequences (a sequence's rows cost about as much in any pass), and its best
+        depth. A width whose passes are rarely or never timed would otherwise stay in its probes:
+        they advance only on timed passes."""
+        timed = [p for (n, rows), p in self.passes.items()
+                 if rows == other_rows and p is not pd and not p.probing and p.costs.medians()]
         if not timed:
             return
         near = min(timed, key=lambda p: (abs(p.n - pd.n), -p.n))

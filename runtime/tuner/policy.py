@@ -301,6 +301,11 @@ class AutoDepth(DepthPolicy):
         self._chose = depth
         return depth
 
+    @property
+    def probing(self) -> bool:
+        """Whether the start's probes are still to play (rounds count only timed passes)."""
+        return self.rounds < self._probe_len
+
     def start_at(self, depth: int) -> None:
         """Begin without the probes, ``depth`` the incumbent: the caller gave the costs
         (runtime/tuner/batch.py, a pass of a new width). Not on a backend that replays graphs,
