@@ -29,9 +29,8 @@ width's costs, scaled by the count of sequences, stand as one sample each, and i
 the incumbent, instead of the rest of its probes. Sequences start and end, so passes of fewer
 sequences are common, and some are rarely or never timed: a pass of the sequences that decode
 while another one's prompt does comes right after that prompt's pass, and the first widths of a
-batch are planned before any pass was timed. A
-pass that also prefilled a prompt, whose sequences were not those planned, or where a sequence
-cut its depth at its end, is not timed.
+batch are planned before any pass was timed. A pass that also prefilled a prompt, whose
+sequences were not those planned, or where a sequence cut its depth at its end, is not timed.
 ``plan(..., deepest=d)`` never gives a sequence more than ``d`` drafts (the engine's bound on a
 pass's rows, runtime/batch.py); a pass first planned under it chooses among depths ``0..d``.
 """

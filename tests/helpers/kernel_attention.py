@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernel_rows import _NP, GGML_TYPE_F16, GGML_TYPE_F32, Ggml, _InitParams
+from .kernel_rows import _NP, GGML_TYPE_F16, GGML_TYPE_F32, Ggml, _InitParams, _lib_dir
 
 
 class FlashAttention(Ggml):
@@ -19,8 +19,6 @@ class FlashAttention(Ggml):
 
     def __init__(self) -> None:
         super().__init__()
-        from .kernel_rows import _lib_dir
-
         base = ctypes.CDLL(str(_lib_dir() / "libggml-base.so"))
         p, i64, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         sigs = {
