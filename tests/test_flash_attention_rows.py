@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from helpers import kernel_attention as ka
-from helpers.kernel_rows import GGML_TYPE_F16, GGML_TYPE_F32
+from helpers.kernel_rows import GGML_TYPE_F16, GGML_TYPE_F32, Ggml
 
 CACHE_TYPES = pytest.mark.parametrize("cache_type", [GGML_TYPE_F16, GGML_TYPE_F32], ids=["f16", "f32"])
 SHAPES = pytest.mark.parametrize("shape", [ka.TINY, ka.XS_LIKE], ids=["tiny-d16", "xs-d128"])
@@ -35,7 +35,7 @@ def _vectorised_kernel() -> bool:
 
 @pytest.fixture(scope="module")
 def fa():
-    return ka.FlashAttention()
+    return Ggml()
 
 
 def _bits_differ(a: np.ndarray, b: np.ndarray) -> bool:

@@ -94,25 +94,39 @@ def test_a_pass_is_timed_only_as_planned():
     assert planner.current is not pd and set(planner.passes) == {(2, 0), (2, 5)}
 
 
+def _time_four_where_plain_is_best(planner: BatchPlanner) -> None:
+    """200 timed passes of four sequences: plain 4 ms a pass, each draft 3.5 ms more, a draft or
+    so accepted a round, so plain is best."""
+    four = [0, 1, 2, 3]
+    for _ in range(200):
+        depths = planner.plan(four, other_rows=0, context=400)
+        for i, d in zip(four, depths):
+            planner.slot(i).observe(d, min(d, 1), 0.0)
+        planner.observe(dict(zip(four, depths)), 0, 0.004 + 0.0035 * depths[0])
+
+
+def _plan_three_untimed(planner: BatchPlanner) -> list[int]:
+    """40 passes of three sequences, none timed (each follows a prompt's pass): their depths."""
+    three = []
+    for _ in range(40):
+        depths = planner.plan([0, 1, 2], other_rows=0, context=300)
+        assert len(set(depths)) == 1
+        three.append(depths[0])
+        planner.observe(dict.fromkeys([0, 1, 2], three[-1]), 0, 0.003, timed=False)
+    return three
+
+
 def test_a_pass_of_a_new_width_starts_from_the_nearest_timed_one():
     """Four sequences timed: plain 4 ms a pass, depth 4 18 ms, acceptance that makes plain best.
     A pass of three (the fourth's prompt decoding) plans plain at once and keeps it, though none
     of its passes is ever timed (each follows that prompt's pass); with probes of its own it
     drafted at depths 2 and 4 for ever (live at 4 streams: 22 such passes over 3 repetitions)."""
     planner = BatchPlanner(max_depth=8)
-    four = [0, 1, 2, 3]
-    for _ in range(200):
-        depths = planner.plan(four, other_rows=0, context=400)
-        for i, d in zip(four, depths):
-            planner.slot(i).observe(d, min(d, 1), 0.0)  # a draft or so accepted a round
-        planner.observe(dict(zip(four, depths)), 0, 0.004 + 0.0035 * depths[0])
+    _time_four_where_plain_is_best(planner)
     wide = planner.passes[(4, 0)]
     assert wide.best == 0 and wide.costs.medians()[0] == pytest.approx(0.004)
-    three = []
-    for _ in range(40):
-        three.append(planner.plan([0, 1, 2], other_rows=0, context=300))
-        planner.observe(dict.fromkeys([0, 1, 2], three[-1][0]), 0, 0.003, timed=False)
-    assert three[0] == [0, 0, 0] and sum(d[0] > 0 for d in three) <= 2, three  # at most one visit
+    three = _plan_three_untimed(planner)
+    assert three[0] == 0 and sum(d > 0 for d in three) <= 2, three  # at most one visit
     assert planner.passes[(3, 0)].costs.medians()[0] == pytest.approx(0.003)  # four's 4 ms, scaled to three
 
 
@@ -124,17 +138,9 @@ def test_a_width_planned_before_any_pass_was_timed_leaves_its_probes_once_one_is
     planner = BatchPlanner(max_depth=8)
     assert planner.plan([0, 1, 2], other_rows=0, context=100) == [2, 2, 2]  # a probe: nothing timed yet
     planner.observe(dict.fromkeys([0, 1, 2], 2), 0, 0.01, timed=False)
-    four = [0, 1, 2, 3]
-    for _ in range(200):
-        depths = planner.plan(four, other_rows=0, context=400)
-        for i, d in zip(four, depths):
-            planner.slot(i).observe(d, min(d, 1), 0.0)
-        planner.observe(dict(zip(four, depths)), 0, 0.004 + 0.0035 * depths[0])
+    _time_four_where_plain_is_best(planner)
     assert planner.passes[(4, 0)].best == 0
-    three = []
-    for _ in range(40):
-        three.append(planner.plan([0, 1, 2], other_rows=0, context=300)[0])
-        planner.observe(dict.fromkeys([0, 1, 2], three[-1]), 0, 0.003, timed=False)
+    three = _plan_three_untimed(planner)
     assert three[0] == 0 and sum(d > 0 for d in three) <= 2, three
     assert not planner.passes[(3, 0)].probing
 

@@ -6,29 +6,11 @@ whether a row comes out the same in any pass and whether it is right.
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import numpy as np
 
-from .kernel_rows import _NP, GGML_TYPE_F16, GGML_TYPE_F32, Ggml, _InitParams, _lib_dir
-
-
-class FlashAttention(Ggml):
-    """The ggml calls of one flash-attention op, over the wheel's libraries."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        base = ctypes.CDLL(str(_lib_dir() / "libggml-base.so"))
-        p, i64, f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-        sigs = {
-            "ggml_new_tensor_4d": ([p, ctypes.c_int, i64, i64, i64, i64], p),
-            "ggml_flash_attn_ext": ([p, p, p, p, p, f, f, f], p),
-        }
-        for name, (args, res) in sigs.items():
-            fn = getattr(base, name)
-            fn.argtypes, fn.restype = args, res
-            setattr(self, name, fn)
+from .kernel_rows import _NP, GGML_TYPE_F16, GGML_TYPE_F32, Ggml, _InitParams
 
 
 @dataclass(frozen=True)
@@ -46,7 +28,7 @@ TINY = AttentionShape(16, 8, 2)
 XS_LIKE = AttentionShape(128, 8, 2)
 
 
-def flash_attention(fa: FlashAttention, queries: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+def flash_attention(fa: Ggml, queries: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
                     n_threads: int, cache_type: int = GGML_TYPE_F16) -> np.ndarray:
     """``queries`` rows x n_head x head_dim (float32), ``k`` and ``v`` n_head_kv x n_kv x head_dim
     (stored as ``cache_type``), ``mask`` rows x n_kv (0 or -inf, stored as F16); returns rows x

@@ -38,7 +38,8 @@ def _lib_dir() -> Path:
 
 
 class Ggml:
-    """The handful of ggml entry points a matmul needs, from the libraries llama_cpp loads."""
+    """The handful of ggml entry points a matmul or an attention op needs, from the libraries
+    llama_cpp loads (tests/helpers/kernel_attention.py drives ``ggml_flash_attn_ext``)."""
 
     def __init__(self) -> None:
         import llama_cpp.llama_cpp  # noqa: F401  (loads libggml-base/libggml-cpu with their dependencies)
@@ -52,6 +53,8 @@ class Ggml:
             (base, "ggml_init"): ([_InitParams], p),
             (base, "ggml_free"): ([p], None),
             (base, "ggml_new_tensor_3d"): ([p, ctypes.c_int, i64, i64, i64], p),
+            (base, "ggml_new_tensor_4d"): ([p, ctypes.c_int, i64, i64, i64, i64], p),
+            (base, "ggml_flash_attn_ext"): ([p, p, p, p, p, ctypes.c_float, ctypes.c_float, ctypes.c_float], p),
             (base, "ggml_permute"): ([p, p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int], p),
             (base, "ggml_mul_mat"): ([p, p, p], p),
             (base, "ggml_new_graph"): ([p], p),
