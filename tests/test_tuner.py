@@ -87,6 +87,22 @@ def test_auto_stays_at_plain_decoding_when_every_depth_loses():
     assert chosen[-100:].count(0) >= 90
 
 
+def test_looks_at_deep_depths_that_visits_never_reach_back_off():
+    """A pair whose drafting round costs three plain steps and more (a compute-bound target: each
+    verify row 0.4 of a step, the draft 1.2), acceptance falling with depth as on prose: plain
+    decoding is best. Optimism about the deep positions says depth 12-15 could win, but the
+    visits go to the best depth by the estimates (3-5) and rarely reach those positions, so
+    the look never settles; looking every 10 rounds for ever lost 5-14% (measured: 0.86, 0.91,
+    0.96 of plain decoding; 157, 59 and 2 drafting rounds after the first 300)."""
+    falling = [0.69, 0.70, 0.72, 0.64, 0.58, 0.52, 0.47, 0.42, 0.38, 0.34, 0.31, 0.28, 0.25, 0.22, 0.20]
+    for seed in range(3):
+        pair = SimPair(lambda i: falling[i - 1], per_row=0.4, draft=1.2, seed=seed)
+        assert max(range(MAX_DEPTH + 1), key=pair.expected_rate) == 0
+        rate, chosen = run(AutoDepth(MAX_DEPTH, window=512), pair, 1500)
+        assert rate >= 0.94 * pair.expected_rate(0), seed
+        assert sum(1 for k in chosen[300:] if k) <= 30, (seed, sum(1 for k in chosen[300:] if k))
+
+
 def test_exploring_away_from_plain_decoding_stays_within_its_budget():
     """A drafting round after many plain steps pays for the drafter's catch-up on the skipped rows
     (0.03 of a plain step per row, up to the 512-row window, as on laguna-tiny); exploration must still cost only about 1%."""

@@ -166,9 +166,9 @@ def test_planning_the_pass_keeps_up_with_the_best_fixed_depth(mix, bound):
 
 def test_every_sequence_of_a_pass_drafts_one_depth():
     """One microbatch a pass, also beside sequences that accept little: a round's depths differ
-    only where a sequence's depth was cut at the end of its output."""
-    r = planned("four kinds", 0)
-    drafting = [d for d in r.depths if max(d) > 0]
+    only where a sequence's depth was cut at the end of its output (four seeds: plain decoding
+    leads this mix, so one seed drafts in too few passes to say)."""
+    drafting = [d for s in range(4) for d in planned("four kinds", s).depths if max(d) > 0]
     uneven = [d for d in drafting if len(set(d)) > 1]
     assert len(drafting) > 50 and len(uneven) < 0.1 * len(drafting), (len(uneven), len(drafting))
 

@@ -94,9 +94,13 @@ class AutoDepth(DepthPolicy):
       stand behind position 1, or no drafting depth was timed in the current context band, or
       some depth would beat plain decoding clearly enough with every acceptance ``look_z``
       standard errors higher, the next visit comes after
-      ``min_explore_every`` rounds. Otherwise visits are at least two drafter windows
-      (2 x ``window``) apart, and :meth:`plain_rounds_ahead` promises the stretch, so the
-      engine's drafter reads the rows of only its last capture horizon.
+      ``min_explore_every`` rounds. For that last reason alone, once twice ``min_evidence``
+      stands behind position 1, each wait is twice the last, up to ``max_explore_every``: the
+      optimism is then about deep positions that the visits, at the best depth by the
+      estimates, rarely reach, so looking more often would not settle it. Otherwise visits
+      are at least two drafter windows (2 x ``window``) apart, and :meth:`plain_rounds_ahead`
+      promises the stretch, so the engine's drafter reads the rows of only its last capture
+      horizon.
     * **A backend that replays graphs** (``graph_replay``: CUDA keeps one captured graph per
       context and replays it while the batch shape holds) runs the first ``SETTLE_ROUNDS``
       rounds after any change of shape without it, several times a round's cost (an H200 with
@@ -153,6 +157,7 @@ class AutoDepth(DepthPolicy):
         self.probe_rounds = probe_rounds
         self.min_explore, self.max_explore = min_explore_every, max_explore_every
         self.explore_every = min_explore_every
+        self._look_every = min_explore_every  # the wait after a look from plain decoding (doubles)
         self.explore_budget = explore_budget
         self.max_wait = max_wait
         self.switch_margin = switch_margin
@@ -256,7 +261,7 @@ class AutoDepth(DepthPolicy):
             if r >= self._next_refit and (self.best != 0 or r >= self.next_explore):
                 best = self._refit()
                 if best != self.best:
-                    self.explore_every = self.min_explore
+                    self.explore_every = self._look_every = self.min_explore
                 self.best = best
                 self._next_refit = r + self.refit_every
                 if self.graph_replay and r == self._probe_len and best == 0 and not self._plain_needs_a_look():
@@ -439,8 +444,8 @@ class AutoDepth(DepthPolicy):
         if self._visit is not None:
             return  # the visit goes on
         extra, self._visit_extra = self._visit_extra, 0.0
-        if self.best == 0 and self._plain_needs_a_look():
-            self.explore_every = self.min_explore
+        if self.best == 0 and self._plain_lacks_evidence():
+            self.explore_every = self._look_every = self.min_explore
             self.next_explore = self.rounds + self.min_explore
             return
         wait = min(int(max(0.0, extra) / (self.explore_budget * base)), self.max_wait)
@@ -455,12 +460,23 @@ class AutoDepth(DepthPolicy):
             wait = min(wait + int(extra / (self.explore_budget * base)), self.max_wait)
         if self.best == 0:
             wait = max(wait, 2 * self.window)
+            if self._drafting_could_win():  # looks that back off (the class docstring)
+                self.explore_every = self.min_explore
+                self.next_explore = self.rounds + min(wait, self._look_every)
+                if self.accept.evidence(1) >= 2 * self.min_evidence:
+                    self._look_every = min(2 * self._look_every, self.max_explore)
+                return
         self.next_explore = max(self.next_explore, self.rounds + wait)
 
     def _plain_needs_a_look(self) -> bool:
         """While plain decoding is best: whether drafting is to be visited again soon (the
         leaving-plain-decoding-alone rules of the class docstring)."""
-        return (self.accept.evidence(1) < self.min_evidence or self._drafting_could_win()
+        return self._plain_lacks_evidence() or self._drafting_could_win()
+
+    def _plain_lacks_evidence(self) -> bool:
+        """Whether too few drafting rounds stand behind position 1, or no drafting depth was
+        timed in the current context band: what visits themselves supply."""
+        return (self.accept.evidence(1) < self.min_evidence
                 or not any(self.costs.timed_here(d, self.band_reach) for d in range(1, self.max_depth + 1)))
 
     def _drafting_could_win(self) -> bool:
