@@ -95,12 +95,12 @@ class AutoDepth(DepthPolicy):
       some depth would beat plain decoding clearly enough with every acceptance ``look_z``
       standard errors higher, the next visit comes after
       ``min_explore_every`` rounds. For that last reason alone, once twice ``min_evidence``
-      stands behind position 1, each wait is twice the last, up to ``max_explore_every``: the
-      optimism is then about deep positions that the visits, at the best depth by the
-      estimates, rarely reach, so looking more often would not settle it. Otherwise visits
-      are at least two drafter windows (2 x ``window``) apart, and :meth:`plain_rounds_ahead`
-      promises the stretch, so the engine's drafter reads the rows of only its last capture
-      horizon.
+      stands behind position 1, each wait is twice the last, up to the budget's wait (not
+      held to the floor of two windows below): the optimism is then about deep positions that
+      the visits, at the best depth by the estimates, rarely reach, so looking more often would
+      not settle it. Otherwise visits are at least two drafter windows (2 x ``window``) apart,
+      and :meth:`plain_rounds_ahead` promises the stretch, so the engine's drafter reads the
+      rows of only its last capture horizon.
     * **A backend that replays graphs** (``graph_replay``: CUDA keeps one captured graph per
       context and replays it while the batch shape holds) runs the first ``SETTLE_ROUNDS``
       rounds after any change of shape without it, several times a round's cost (an H200 with
@@ -459,13 +459,13 @@ class AutoDepth(DepthPolicy):
             extra = switch * self._visit_midway + back
             wait = min(wait + int(extra / (self.explore_budget * base)), self.max_wait)
         if self.best == 0:
-            wait = max(wait, 2 * self.window)
             if self._drafting_could_win():  # looks that back off (the class docstring)
                 self.explore_every = self.min_explore
                 self.next_explore = self.rounds + min(wait, self._look_every)
                 if self.accept.evidence(1) >= 2 * self.min_evidence:
-                    self._look_every = min(2 * self._look_every, self.max_explore)
+                    self._look_every = min(2 * self._look_every, self.max_wait)
                 return
+            wait = max(wait, 2 * self.window)
         self.next_explore = max(self.next_explore, self.rounds + wait)
 
     def _plain_needs_a_look(self) -> bool:
