@@ -9,7 +9,10 @@ median, min and max ms per pass and the median over the median one-row pass. The
 (median; spread min..max) is fixed here, before any run.
 
 A configuration is ``NAME=BINARY[:LIBDIR][:EXTRA ARGS]``: LIBDIR (optional) is put first on
-LD_LIBRARY_PATH, so one llama-bench binary can run over several builds of libggml-cpu.
+LD_LIBRARY_PATH, before BINARY's folder, so one llama-bench binary can run over several builds of
+libggml-cpu. Before it runs, each configuration's libggml-cpu is resolved as the loader will
+(``ldd``); one that LIBDIR does not provide is an error, and the JSON records each file's path
+and hash.
 
     python -m scripts.bench.bench_rows -m ~/.cache/laguna-dflash/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf \\
         --config "vendored=/work/kbuild/bench/llama-bench:/work/kbuild/libA" \\
@@ -22,6 +25,7 @@ LD_LIBRARY_PATH, so one llama-bench binary can run over several builds of libggm
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -54,6 +58,30 @@ class Config:
             raise SystemExit(f"--config {spec!r}: expected NAME=BINARY[:LIBDIR][:ARGS] with an existing BINARY")
         return cls(name, binary, libdir, extra)
 
+    def env(self) -> dict[str, str]:
+        """The environment BINARY runs in: LIBDIR first on LD_LIBRARY_PATH. The binary's own folder
+        comes after it, for the tools' libraries (libllama-common); put first, a build folder's own
+        libggml-cpu would shadow LIBDIR's."""
+        env = dict(os.environ)
+        if self.libdir:
+            env["LD_LIBRARY_PATH"] = ":".join(p for p in (self.libdir, str(Path(self.binary).parent),
+                                                          env.get("LD_LIBRARY_PATH", "")) if p)
+        return env
+
+    def ggml_cpu(self) -> dict[str, str]:
+        """The libggml-cpu BINARY loads in ``env()``, as ``ldd`` resolves it: path and sha256 (16
+        hex digits). With a LIBDIR, a library from anywhere else exits with an error."""
+        r = subprocess.run(["ldd", self.binary], env=self.env(), capture_output=True, text=True)
+        found = [ln.split("=>", 1)[1].split("(", 1)[0].strip() for ln in r.stdout.splitlines()
+                 if "libggml-cpu" in ln and "=>" in ln]
+        if not found or not Path(found[0]).is_file():
+            raise SystemExit(f"--config {self.name}: {self.binary}: ldd finds no libggml-cpu ({r.stdout.strip()[-300:]})")
+        lib = Path(found[0]).resolve()
+        if self.libdir and Path(self.libdir).resolve() != lib.parent:
+            raise SystemExit(f"--config {self.name}: {self.binary} loads {lib}, expected the libggml-cpu of LIBDIR "
+                             f"{self.libdir}")
+        return {"path": str(lib), "sha256": hashlib.sha256(lib.read_bytes()).hexdigest()[:16]}
+
 
 def run_once(cfg: Config, model: Path, rows: list[int], threads: int, reps: int, fa: int, gen: int = 0
              ) -> tuple[dict[int, list[float]], str | None]:
@@ -61,10 +89,7 @@ def run_once(cfg: Config, model: Path, rows: list[int], threads: int, reps: int,
 
     gen > 0: one-row passes of token generation (``-p 0 -n GEN``, each repetition's mean per token),
     under row count 1."""
-    env = dict(os.environ)
-    if cfg.libdir:
-        bindir = str(Path(cfg.binary).parent)
-        env["LD_LIBRARY_PATH"] = ":".join(p for p in (bindir, cfg.libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    env = cfg.env()
     work = ["-p", "0", "-n", str(gen)] if gen else ["-p", ",".join(map(str, rows)), "-n", "0"]
     fa_arg = [] if "-fa" in cfg.extra else ["-fa", str(fa)]  # a configuration's own -fa wins
     cmd = [cfg.binary, "-m", str(model), *work, "-t", str(threads),
@@ -110,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = ap.parse_args(argv)
     configs = [Config.parse(s) for s in args.config]
+    libraries = {c.name: c.ggml_cpu() for c in configs}
+    for name, lib in libraries.items():
+        print(f"{name}: {lib['path']} (sha256 {lib['sha256']})")
     rows = [1] if args.gen else [int(x) for x in args.rows.split(",")]
     samples: dict[str, dict[int, list[float]]] = {c.name: {n: [] for n in rows} for c in configs}
     t0 = time.time()
@@ -144,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, {"command": command_line(__file__, argv), "model": str(args.model),
                                "threads": args.threads, "gen": args.gen, "fa": args.fa,
                                "load_avg_per_round": load_avg, "wall_s": time.time() - t0,
-                               "configs": [c.__dict__ for c in configs], "build_commit": builds,
+                               "configs": [c.__dict__ for c in configs], "libggml_cpu": libraries,
+                               "build_commit": builds,
                                "peer_snapshot": {c.name: peer_snapshot(Path(c.binary).parent) for c in configs},
                                "table": table,
                                "samples_ms": samples}, indent=1)

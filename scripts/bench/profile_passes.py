@@ -15,7 +15,7 @@ runs them), per step. With ``--threads 2`` a sample is one thread's: the per-sym
 the cores, up to twice the wall time.
 perf's sampling clock is ``cpu-clock`` where the machine has no hardware counters (a VM), so a
 sample is time on a core, not cycles. LIBDIR goes first on LD_LIBRARY_PATH, before BINARY's
-folder: keep BINARY in a folder without a libggml-cpu of its own.
+folder (bench_rows.Config.env).
 
     python -m scripts.bench.profile_passes -m ~/.cache/laguna-dflash/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf \\
         --config "ours=$BUILD/llama-bench:$LIBDIR" \\
@@ -52,10 +52,7 @@ def samples(cfg: Config, model: Path, rows: int, reps: int, threads: int, freq: 
 
     gen > 0: the passes are llama-bench's token generation (``-p 0 -n GEN``: GEN one-row passes a
     repetition, each after the last, the graph reused), not one ``-p ROWS`` batch."""
-    env = dict(os.environ)
-    if cfg.libdir:
-        env["LD_LIBRARY_PATH"] = ":".join(p for p in (cfg.libdir, str(Path(cfg.binary).parent),
-                                                      env.get("LD_LIBRARY_PATH", "")) if p)
+    env = cfg.env()
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "perf.data"
         cmd = ["perf", "record", "-q", "-F", str(freq), "-o", str(data), "--", cfg.binary, "-m", str(model),
@@ -98,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     configs = [Config.parse(s) for s in args.config]
+    for c in configs:
+        c.ggml_cpu()  # exits if LIBDIR does not provide the libggml-cpu the binary loads
     rows = [1] if args.gen else [int(x) for x in args.rows.split(",")]
     passes = (args.long - args.short) * max(args.gen, 1)
     ms_per_sample = 1e3 / args.freq
