@@ -69,14 +69,16 @@ class Config:
         return env
 
     def ggml_cpu(self) -> dict[str, str]:
-        """The libggml-cpu BINARY loads in ``env()``, as ``ldd`` resolves it: path and sha256 (16
+        """The libggml-cpu BINARY loads in ``env()``, as ``ldd`` resolves it (without LIBDIR, a
+        build with ggml in one library, as ik_llama.cpp's, gives its libggml): path and sha256 (16
         hex digits). With a LIBDIR, a library from anywhere else exits with an error."""
         r = subprocess.run(["ldd", self.binary], env=self.env(), capture_output=True, text=True)
-        found = [ln.split("=>", 1)[1].split("(", 1)[0].strip() for ln in r.stdout.splitlines()
-                 if "libggml-cpu" in ln and "=>" in ln]
-        if not found or not Path(found[0]).is_file():
-            raise SystemExit(f"--config {self.name}: {self.binary}: ldd finds no libggml-cpu ({r.stdout.strip()[-300:]})")
-        lib = Path(found[0]).resolve()
+        resolved = {ln.split("=>", 1)[0].strip().split(".so", 1)[0]: ln.split("=>", 1)[1].split("(", 1)[0].strip()
+                    for ln in r.stdout.splitlines() if "=>" in ln}
+        found = resolved.get("libggml-cpu") or ("" if self.libdir else resolved.get("libggml"))
+        if not found or not Path(found).is_file():
+            raise SystemExit(f"--config {self.name}: {self.binary}: ldd finds no libggml-cpu")
+        lib = Path(found).resolve()
         if self.libdir and Path(self.libdir).resolve() != lib.parent:
             raise SystemExit(f"--config {self.name}: {self.binary} loads {lib}, expected the libggml-cpu of LIBDIR "
                              f"{self.libdir}")

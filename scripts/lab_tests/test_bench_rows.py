@@ -60,3 +60,18 @@ def test_without_libdir_the_binary_keeps_its_own(build: Path):
     lib = cfg.ggml_cpu()
     assert Path(lib["path"]) == (build / "libggml-cpu.so.0").resolve() and len(lib["sha256"]) == 16
     assert subprocess.run([cfg.binary], env=cfg.env()).returncode == 1
+
+
+def test_a_build_with_ggml_in_one_library_is_recorded_without_libdir(tmp_path: Path):
+    """ik_llama.cpp links one libggml (no libggml-cpu): recorded as it is, when no LIBDIR is asked."""
+    bindir = tmp_path / "ik" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "ggml.c").write_text("int ggml_build(void) { return 3; }\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wl,-soname,libggml.so", str(bindir / "ggml.c"), "-o",
+                    str(bindir / "libggml.so")], check=True)
+    (tmp_path / "main.c").write_text("int ggml_build(void);\nint main(void) { return ggml_build(); }\n")
+    subprocess.run(["cc", str(tmp_path / "main.c"), "-o", str(bindir / "llama-bench"), f"-L{bindir}", "-lggml",
+                    "-Wl,--enable-new-dtags", f"-Wl,-rpath,{bindir}"], check=True)
+    assert Path(Config.parse(f"ik={bindir / 'llama-bench'}").ggml_cpu()["path"]) == (bindir / "libggml.so").resolve()
+    with pytest.raises(SystemExit, match="ldd finds no libggml-cpu"):
+        Config.parse(f"ik={bindir / 'llama-bench'}:{bindir}").ggml_cpu()
