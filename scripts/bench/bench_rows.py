@@ -68,15 +68,18 @@ class Config:
                                                           env.get("LD_LIBRARY_PATH", "")) if p)
         return env
 
-    def ggml_cpu(self) -> dict[str, str]:
+    def ggml_cpu(self) -> dict[str, str | None]:
         """The libggml-cpu BINARY loads in ``env()``, as ``ldd`` resolves it (without LIBDIR, a
-        build with ggml in one library, as ik_llama.cpp's, gives its libggml): path and sha256 (16
-        hex digits). With a LIBDIR, a library from anywhere else exits with an error."""
+        build with ggml in one library, as ik_llama.cpp's, gives its libggml, and a binary with
+        none, None): path and sha256 (16 hex digits). With a LIBDIR, a library from anywhere else
+        exits with an error."""
         r = subprocess.run(["ldd", self.binary], env=self.env(), capture_output=True, text=True)
         resolved = {ln.split("=>", 1)[0].strip().split(".so", 1)[0]: ln.split("=>", 1)[1].split("(", 1)[0].strip()
                     for ln in r.stdout.splitlines() if "=>" in ln}
         found = resolved.get("libggml-cpu") or ("" if self.libdir else resolved.get("libggml"))
         if not found or not Path(found).is_file():
+            if not self.libdir:
+                return {"path": None, "sha256": None}
             raise SystemExit(f"--config {self.name}: {self.binary}: ldd finds no libggml-cpu")
         lib = Path(found).resolve()
         if self.libdir and Path(self.libdir).resolve() != lib.parent:

@@ -101,6 +101,8 @@ def test_bench_rows_records_the_cpu_and_each_builds_snapshot(tmp_path):
     assert result["peer_snapshot"] == {"ik": "0123456789abcdef0123456789abcdef01234567", "ours": None}
     assert result["build_commit"] == {"ik": "c0ffee", "ours": "c0ffee"}
     assert result["table"]["ik"]["2"]["median_ms"] == 3.0
+    # a wrapper script loads no ggml library of its own: recorded as unknown, not refused
+    assert result["libggml_cpu"] == {"ik": {"path": None, "sha256": None}, "ours": {"path": None, "sha256": None}}
     assert json.loads(out.with_suffix(".partial.json").read_text())["cpu"] == cpu_facts()
 
 
