@@ -101,7 +101,8 @@ int main(int argc, char ** argv) {
         if (!fns[i]) { fprintf(stderr, "%s: no repacked %s gemv\n", argv[5 + i], argv[1]); return 1; }
     }
     const size_t nblk = (size_t) nc / 8 * nb, bytes = nblk * block;
-    uint8_t * w = aligned_alloc(4096, (bytes * N_WEIGHTS + 4095) / 4096 * 4096);
+    // 64 bytes of slack: the plain read takes whole lines, and a thread's share need not end on one
+    uint8_t * w = aligned_alloc(4096, (bytes * N_WEIGHTS + 64 + 4095) / 4096 * 4096);
     srand(1);
     for (size_t i = 0; i < bytes * N_WEIGHTS; i++) w[i] = (uint8_t) rand();
     // the leading fp16 scales (Q6_K: d; Q4_K: d and dmin) to 2^-8, so no pass meets NaNs or denormals
