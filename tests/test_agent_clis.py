@@ -6,8 +6,8 @@ bundled-agent task in a scratch workspace with its default settings but the serv
 and the model, and must finish with an answer, every request answered 200.
 
 The CLIs are pinned and installed by ``make agent-clis`` (npm) into ``.agent-clis/``; without
-them these tests are skipped (CI does not install them: each run prefills the agent's 12-37k
-token first prompt on the CPU, minutes per turn, docs/agents.md). Their telemetry, update
+them these tests are skipped (CI does not install them: they come from npm, and Claude Code's
+expected failure on the tiny pair runs long, docs/agents.md). Their telemetry, update
 checks and other calls out are switched off, HOME is a scratch folder, and only 127.0.0.1 is
 given to them."""
 
