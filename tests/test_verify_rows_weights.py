@@ -41,6 +41,7 @@ SHAPES = [
     kw.WeightShape("dense-q8_0-128", "q8_0", 128, 256),
     kw.WeightShape("head-q8_0-128", "q8_0", 128, 4096),
     kw.WeightShape("dense-q8_0-256", "q8_0", 256, 128),
+    kw.WeightShape("dense-q8_0-128x24", "q8_0", 128, 24),  # AVX-512: 16 columns, then 8 on the AVX2 path
     kw.WeightShape("experts-q8_0-128", "q8_0", 128, 128, 8, 2),
 ]
 #: 2..5: verify passes at depths 1..4; 8, 9, 16: a full 4-row tile and more, the largest block
