@@ -117,10 +117,11 @@ def test_repacked_q6_K_products_at_the_quants_extremes_are_exact(backend, shape,
 @pytest.mark.parametrize("quant", [127, -128], ids=["top", "bottom"])
 def test_repacked_q8_0_products_at_the_quants_extremes_are_exact(backend, shape, quant):
     """The repacked Q8_0 kernels multiply |weight| by the activation carrying the weight's sign
-    and add two such products in int16 lanes. At the extremes (every weight quant 127, or -128,
-    whose magnitude only the unsigned operand holds; every activation -127 times a power of two,
-    quantized to -127 with that power as its scale) the lanes are the fullest they get, and the
-    product is exact in float32: n_in * quant * x."""
+    and add two such products in int16 lanes (AVX2), or the activation plus 128 by the weight,
+    less 128 times the weights' sum, in int32 lanes (AVX-512, 16 columns at a time). At the
+    extremes (every weight quant 127, or -128, whose magnitude only an unsigned operand holds;
+    every activation -127 times a power of two, quantized to -127 with that power as its scale)
+    the lanes are the fullest they get, and the product is exact in float32: n_in * quant * x."""
     # block_q8_0: fp16 d = 1, 32 int8 quants
     block = np.array([1.0], np.float16).tobytes() + np.full(32, quant, np.int8).tobytes()
     raw = block * (shape.n_in // 32 * shape.n_out)
