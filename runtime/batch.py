@@ -249,6 +249,12 @@ class BatchEngine:
         """How many leading ``tokens`` slot's prompt cache holds (0 while it runs)."""
         return self.slots[slot].prompt_cache.shared_prefix(tokens)
 
+    n_lanes = 1  # runtime/lanes.py: slots in several engines
+
+    def lane_of(self, slot: int) -> int:
+        """``slot``'s lane (runtime/lanes.py): all slots share one here."""
+        return 0
+
     def slot_states(self) -> list[dict]:
         return [{"slot": s.index, "state": s.state, "n_generated": len(s.out) if s.run is not None else 0}
                 for s in self.slots]

@@ -8,8 +8,8 @@ import threading
 import time
 from contextlib import contextmanager
 
-from laguna_dflash.runtime.batch import BatchEngine
 from laguna_dflash.runtime.engine import EngineConfig
+from laguna_dflash.runtime.lanes import make_engine
 from laguna_dflash.runtime.open_pair import resolve_pair
 from laguna_dflash.runtime.llama import Model
 from laguna_dflash.runtime.server.pool import SlotPool
@@ -38,10 +38,10 @@ def bundled_models(bundled: str = "code"):
 
 
 def make_pool(target: Model, drafter_path, drafter_model: Model | None, parallel: int = 1, max_queue: int = 8,
-              **cfg) -> SlotPool:
+              lanes: int = 1, **cfg) -> SlotPool:
     config = EngineConfig(**{"n_ctx": 2048, "kv_type": "f32", "n_threads": 1, **cfg})
     pair = resolve_pair(target.path, drafter_path)
-    return SlotPool(BatchEngine(target, pair, config, n_seq=parallel, drafter_model=drafter_model), max_queue)
+    return SlotPool(make_engine(target, pair, config, parallel, lanes, drafter_model), max_queue)
 
 
 def openai_client(server: "LiveServer", key: str = "unused", timeout: float = 120, **kw):

@@ -18,6 +18,7 @@ from helpers.synthetic import built_xs_q4_K_M
 from laguna_dflash.runtime import assets
 from laguna_dflash.runtime.batch import EXACT_PASS_ROWS, BatchEngine, pass_rows_bound
 from laguna_dflash.runtime.engine import EngineConfig, GenerateOptions
+from laguna_dflash.runtime.lanes import LanedEngine, lane_threads
 from laguna_dflash.runtime.open_pair import resolve_pair
 from laguna_dflash.runtime.sampling import SamplingParams
 
@@ -59,14 +60,19 @@ def _summary(result) -> tuple:
     return result.tokens, (s.rounds, s.drafted, s.accepted)
 
 
-@pytest.mark.parametrize("n_seq,prompt_cache", [(1, True), (2, False), (4, True), (8, False)])
-def test_each_request_equals_its_solo_output_among_arrivals_and_cancellations(pair, solo, n_seq, prompt_cache):
+@pytest.mark.parametrize("n_seq,lanes,prompt_cache", [(1, 1, True), (2, 1, False), (4, 1, True), (8, 1, False),
+                                                      (4, 2, False), (5, 3, True)])
+def test_each_request_equals_its_solo_output_among_arrivals_and_cancellations(pair, solo, n_seq, lanes, prompt_cache):
     """With the prompt cache on, a request may start from what its slot kept of an earlier one
-    (the prompts repeat): the same tokens still, but its first drafts may see fewer rows."""
+    (the prompts repeat): the same tokens still, but its first drafts may see fewer rows. In
+    lanes (runtime/lanes.py) each lane is an engine of its own size: 5 slots in 3 lanes make two
+    lanes of two slots and one of one (a ring)."""
     reqs = requests()
     rng = random.Random(n_seq)
     cancel_at = {i: rng.randint(1, 6) for i in rng.sample(range(len(reqs)), 3)}  # request -> its round
-    engine = BatchEngine.open(pair, EngineConfig(**{**CONFIG, "prompt_cache": prompt_cache}), n_seq=n_seq)
+    cfg = EngineConfig(**{**CONFIG, "prompt_cache": prompt_cache})
+    engine = BatchEngine.open(pair, cfg, n_seq=n_seq) if lanes == 1 else LanedEngine.open(pair, cfg, n_seq, lanes)
+    engine_size = {slot: len(range(slot % lanes, n_seq, lanes)) for slot in range(n_seq)}  # its lane's slots
     try:
         pending = list(range(len(reqs)))
         owner: dict[int, int] = {}
@@ -84,18 +90,19 @@ def test_each_request_equals_its_solo_output_among_arrivals_and_cancellations(pa
             for fin in engine.step():
                 i = owner.pop(fin.slot)
                 assert fin.error is None, fin.error
-                results[i] = (list(fin.tokens), fin.stop_reason, fin.stats)
+                results[i] = (list(fin.tokens), fin.stop_reason, fin.stats, fin.slot)
             for slot, i in list(owner.items()):
                 rounds[i] += 1
                 if cancel_at.get(i) == rounds[i]:
                     fin = engine.cancel(slot)
                     del owner[slot]
-                    results[i] = (list(fin.tokens), "interrupted", None)
+                    assert fin.slot == slot
+                    results[i] = (list(fin.tokens), "interrupted", None, slot)
         assert widest == n_seq, "the schedule never filled every slot"
         if prompt_cache:
-            assert any(s.n_cached for _, reason, s in results.values() if s is not None), "no prompt reused"
-        for i, (tokens, reason, stats) in results.items():
-            want_tokens, want_counts = solo[min(n_seq, 2)][i]
+            assert any(s.n_cached for _, reason, s, _ in results.values() if s is not None), "no prompt reused"
+        for i, (tokens, reason, stats, slot) in results.items():
+            want_tokens, want_counts = solo[min(engine_size[slot], 2)][i]
             if reason == "interrupted":
                 assert tokens == want_tokens[:len(tokens)], f"request {i}: cancelled output is not a prefix of its own"
                 continue
@@ -123,6 +130,47 @@ def test_one_round_is_one_target_decode_over_every_running_sequence(pair, monkey
         assert [[seq for seq, _ in c] for c in calls] == [[0], [0], [1], [0, 1], [2]]
         engine.step()
         assert calls[5] == [(0, 1), (1, 3), (2, 5)]  # a plain row and two verify blocks, one pass
+
+
+def test_lanes_decode_their_own_sequences_at_once_each_on_its_share_of_threads(pair, monkeypatch):
+    """4 slots in 2 lanes: slots 0 and 2 in lane 0, 1 and 3 in lane 1; a round is one decode per
+    lane, of that lane's own sequences, the two from different threads, each context on one of
+    the two threads."""
+    import threading
+
+    from laguna_dflash.runtime import llama
+
+    calls = []
+    real = llama.Context.decode_seqs
+    monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: calls.append(
+        (id(self), self.n_threads, threading.get_ident(), [seq for seq, _, _, _ in parts])) or real(self, parts))
+    with LanedEngine.open(pair, EngineConfig(**{**CONFIG, "n_threads": 2}), n_seq=4, lanes=2) as engine:
+        assert [engine.lane_of(s) for s in range(4)] == [0, 1, 0, 1]
+        for slot in range(4):
+            engine.start(slot, PROMPTS[slot][:60], GenerateOptions(n_predict=12, n_max=3))
+        both = 0
+        while engine.running:
+            before = len(calls)
+            engine.step()
+            ctxs = {c[0] for c in calls[before:]}
+            assert len(ctxs) == len(calls[before:]), "a lane decoded twice in one round"
+            if len(ctxs) == 2:
+                both += 1
+                assert len({c[2] for c in calls[before:]}) == 2, "the lanes' decodes ran in one thread"
+        assert both >= 5, "the lanes seldom ran a round together"
+        targets = {}
+        for ctx, threads, _, seqs in calls:
+            targets.setdefault(ctx, set()).update(seqs)
+            assert threads == 1
+        assert sorted(map(sorted, targets.values())) == [[0, 1], [0, 1]]  # each lane: its two sequences
+
+
+def test_lane_threads_share_the_threads_at_least_one_each():
+    assert lane_threads(2, 2) == [1, 1]
+    assert lane_threads(5, 2) == [3, 2]
+    assert lane_threads(1, 3) == [1, 1, 1]
+    with pytest.raises(ValueError):
+        lane_threads(2, 0)
 
 
 def test_a_long_prompt_is_prefilled_in_parts_between_the_others_rounds(pair):

@@ -167,6 +167,29 @@ def test_eight_concurrent_clients_get_their_sequential_outputs(srv):
     assert overlap >= 2, "the requests did not run at the same time"
 
 
+def test_in_lanes_concurrent_clients_get_their_sequential_outputs_and_spread_over_the_lanes(models):
+    target, path, drafter = models
+    prompts = [PROMPTS[i % len(PROMPTS)][: 60 + 11 * i] for i in range(6)]
+    with LiveServer(make_pool(target, path, drafter, parallel=4, lanes=2, n_threads=2)) as s:
+        c = client(s)
+
+        def ask(p):
+            return c.completions.create(model="m", prompt=p, max_tokens=24).choices[0].text
+
+        sequential = [ask(p) for p in prompts]
+        health = httpx.get(s.url + "/health").json()
+        assert [(st["slot"], st["lane"]) for st in health["slot_states"]] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+        assert c.models.list().data[0].model_extra["meta"]["lanes"] == 2
+        first = len(s.pool.finished)
+        with ThreadPoolExecutor(2) as ex:  # two at a time: one in each lane
+            concurrent = list(ex.map(ask, prompts))
+        jobs = list(s.pool.finished)[first:]
+    assert concurrent == sequential
+    together = [(j, k) for j in jobs for k in jobs if j is not k and j.t_start < k.t_end and k.t_start < j.t_end]
+    assert together, "the requests did not run at the same time"
+    assert all(j.slot % 2 != k.slot % 2 for j, k in together), "two requests at once shared a lane"
+
+
 # ---------------------------------------------------------------------------- errors
 
 
@@ -463,7 +486,7 @@ def test_serve_refuses_bad_flags_with_one_line_and_exit_2(capsys):
     try:
         for args, needle in ((["--parallel", "0"], "--parallel"), (["--port", "70000"], "--port"),
                              (["--max-queue", "-1"], "--max-queue"), (["--n-max", "16"], "--n-max"),
-                             (["--api-key", " "], "--api-key"),
+                             (["--api-key", " "], "--api-key"), (["--parallel", "2", "--lanes", "3"], "--lanes"),
                              (["--port", str(busy.getsockname()[1])], "cannot listen"),
                              (["--chat-template-file", "/nonexistent.jinja"], "/nonexistent.jinja")):
             code = cli_main(["serve", *args])

@@ -61,6 +61,7 @@ def serve(
     port: SERVER["port"].annotated() = SERVER["port"].default,
     n_max: NMaxOpt = None,
     parallel: SERVER["parallel"].annotated() = SERVER["parallel"].default,
+    lanes: SERVER["lanes"].annotated() = SERVER["lanes"].default,
     max_queue: SERVER["max_queue"].annotated() = SERVER["max_queue"].default,
     api_key: Annotated[Optional[str], flag("--api-key", envvar="LAGUNA_API_KEY", show_envvar=True, help="Require Authorization: Bearer KEY on every endpoint but /health.")] = None,
     alias: Annotated[Optional[str], flag("--alias", "-a", help="Model id served by /v1/models (default: the target file's name).")] = None,
@@ -83,6 +84,8 @@ def serve(
     flags.check()
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key, found ''")
+    if lanes > parallel:
+        raise UserError(f"--lanes: expected at most --parallel ({parallel}), found {lanes}")
     if alias is not None and not alias.strip():
         raise UserError("--alias: expected a non-empty model id, found ''")
     from ..server.guards import exposure_problem  # imports uvicorn: only once the server extra is known there
@@ -112,7 +115,8 @@ def serve(
     sock = bind(host, port)
     try:
         try:
-            pool = load_pool(pair.target.path, None, cfg, parallel=parallel, max_queue=max_queue, pair=pair)
+            pool = load_pool(pair.target.path, None, cfg, parallel=parallel, max_queue=max_queue, pair=pair,
+                             lanes=lanes)
         except LlamaError as e:
             raise UserError(str(e)) from None
         settings = ServerSettings(model_id=alias or pair.target.path.name, n_max=depth, api_key=api_key,
@@ -127,7 +131,8 @@ def serve(
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         # plain lines (never wrapped): scripts read the address from them
-        print(f"laguna-run serve: {placement.describe()}; {parallel} slot(s) of {flags.ctx_size} tokens, "
+        print(f"laguna-run serve: {placement.describe()}; {parallel} slot(s) of {flags.ctx_size} tokens"
+              f"{f' in {lanes} lanes' if lanes > 1 else ''}, "
               f"n_max {depth}, prompt cache {'off' if no_prompt_cache else f'on ({ctx_checkpoints} checkpoints)'}",
               file=sys.stderr)
         print(f"laguna-run serve: model id {settings.model_id!r}, listening on http://{shown}:{bound[1]}"

@@ -353,6 +353,7 @@ def create_app(pool: SlotPool, settings: ServerSettings) -> FastAPI:
     async def models():
         engine = pool.engine
         meta = {"target": engine.target.path.name, "n_ctx": server.n_ctx, "parallel": len(pool.slots),
+                "lanes": engine.n_lanes,
                 "drafter": engine.drafter.spec.path.name if engine.drafter is not None else None,
                 "max_draft": server.max_draft, "n_max": settings.n_max}
         return {"object": "list", "data": [{"id": settings.model_id, "object": "model", "created": server.created,

@@ -2,12 +2,14 @@
 
 The slots are the sequences of one :class:`~runtime.batch.BatchEngine` (one target context,
 each slot with its own KV stream, drafter context and prompt cache), run by one worker thread
-that decodes every running slot's rows in one pass per round; the asyncio side only submits
-jobs and reads their events, so it never waits on llama.cpp. At most ``len(slots) + max_queue`` jobs are in
-flight: one per busy slot and ``max_queue`` waiting, first in first out; one more is refused
-(:class:`QueueFull`, the server's 503). A waiting job runs on the idle slot whose prompt cache
-holds the longest prefix of its prompt. Cancelling a job (its client went away) drops it from
-the queue, or ends its generation at the next round boundary (``GenerateOptions.should_stop``).
+that decodes every running slot's rows in one pass per round (in lanes, one pass per lane, all at
+once: runtime/lanes.py); the asyncio side only submits jobs and reads their events, so it never
+waits on llama.cpp. At most ``len(slots) + max_queue`` jobs are in flight: one per busy slot and
+``max_queue`` waiting, first in first out; one more is refused (:class:`QueueFull`, the server's
+503). A waiting job runs on the idle slot whose prompt cache holds the longest prefix of its
+prompt (in lanes: of the slots in the lane with the fewest busy ones, so that requests at once
+run in different lanes). Cancelling a job (its client went away) drops it from the queue, or ends
+its generation at the next round boundary (``GenerateOptions.should_stop``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections import deque
 from pathlib import Path
 
 from ..batch import BatchEngine, Finished
+from ..lanes import LanedEngine, make_engine
 from ..engine import EngineConfig, GenerateOptions
 from ..llama import Model
 from ..open_pair import PairFiles, open_models, resolve_pair
@@ -123,7 +126,7 @@ class SlotPool:
     """The slots of one :class:`~runtime.batch.BatchEngine` and a bounded FIFO queue (see the
     module docstring)."""
 
-    def __init__(self, engine: BatchEngine, max_queue: int, metrics: Metrics | None = None,
+    def __init__(self, engine: BatchEngine | LanedEngine, max_queue: int, metrics: Metrics | None = None,
                  history: int = 64) -> None:
         if max_queue < 0:
             raise ValueError(f"max_queue: expected >= 0, found {max_queue}")
@@ -147,7 +150,7 @@ class SlotPool:
         self.thread.start()
 
     @property
-    def engine(self) -> BatchEngine:
+    def engine(self) -> BatchEngine | LanedEngine:
         """The engine (for what the slots share: tokenizer, limits, drafter spec)."""
         return self.batch
 
@@ -196,11 +199,12 @@ class SlotPool:
                     "slot_states": [self._slot_state(s) for s in self.slots]}
 
     def _slot_state(self, slot: Slot) -> dict:  # under the lock
+        where = {"slot": slot.index, **({"lane": self.batch.lane_of(slot.index)} if self.batch.n_lanes > 1 else {})}
         job = slot.job
         if job is None:
-            return {"slot": slot.index, "state": "idle"}
+            return {**where, "state": "idle"}
         state = "starting" if job.t_start is None else self._states.get(slot.index, "decoding")
-        return {"slot": slot.index, "state": state, "endpoint": job.endpoint, "n_prompt": len(job.tokens),
+        return {**where, "state": state, "endpoint": job.endpoint, "n_prompt": len(job.tokens),
                 "rounds": job.rounds}
 
     # -- internals (under self._lock where noted)
@@ -217,7 +221,10 @@ class SlotPool:
             self._wake.notify()
 
     def _best_idle(self, job: Job) -> Slot:  # under the lock: idle slots are not running
-        return max(self._idle, key=lambda s: (self.batch.cached_prefix(s.index, job.tokens), -s.index))
+        lane = self.batch.lane_of
+        busy = [lane(s.index) for s in self.slots if s.job is not None]
+        return max(self._idle, key=lambda s: (-busy.count(lane(s.index)),
+                                              self.batch.cached_prefix(s.index, job.tokens), -s.index))
 
     def _assign(self, slot: Slot, job: Job) -> None:  # under the lock
         self._idle.remove(slot)
@@ -375,16 +382,16 @@ class SlotPool:
 
 def load_pool(target_path: str | Path, drafter_path: str | Path | None, config: EngineConfig,
               parallel: int = 1, max_queue: int = 16, metrics: Metrics | None = None,
-              pair: PairFiles | None = None) -> SlotPool:
-    """Load the target and the drafter once and make a ``parallel``-slot engine over them
-    (``pair``: already resolved by the caller, runtime/open_pair.py)."""
+              pair: PairFiles | None = None, lanes: int = 1) -> SlotPool:
+    """Load the target and the drafter once and make a ``parallel``-slot engine over them, in
+    ``lanes`` lanes (runtime/lanes.py; ``pair``: already resolved by the caller, runtime/open_pair.py)."""
     if parallel < 1:
         raise ValueError(f"parallel: expected >= 1, found {parallel}")
     pair = pair or resolve_pair(target_path, drafter_path)
     target, drafter_model = open_models(pair, config)  # RPC servers: probed before any model loads
     models = [m for m in (target, drafter_model) if m is not None]
     try:
-        engine = BatchEngine(target, pair, config, n_seq=parallel, drafter_model=drafter_model)
+        engine = make_engine(target, pair, config, parallel, lanes, drafter_model)
     except BaseException:
         for m in models:
             m.close()

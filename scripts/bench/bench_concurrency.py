@@ -24,6 +24,8 @@ engine alone. With ``auto`` among ``--depths``, each stream count's batched ``au
 judged against the best of the fixed depths run (median over median, held at >= 0.97);
 ``--separate-depths`` and ``--separate-streams`` limit the separate engines to the cells a
 comparison needs. Each engine's rounds run in a thread of their own (``in_a_thread``).
+``--lanes`` splits each batched engine's slots into lanes whose passes run at once
+(runtime/lanes.py, ``laguna-run serve --lanes``).
 
 ``--target`` measures another target GGUF (e.g. the XS-width synthetic target that
 ``python -m scripts.bench.bench_cost_model --build-only`` writes), with its drafter from
@@ -193,17 +195,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=96, help="each prompt's first tokens (0: whole)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lanes", type=int, default=1,
+                    help="the batched engines' lanes (laguna-run serve --lanes; at most the stream count)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     args = ap.parse_args(argv)
+    if args.lanes < 1:
+        ap.error(f"--lanes: expected >= 1, found {args.lanes}")
     check_plain_only(ap, args)
     from rich.console import Console
 
     from laguna_dflash.runtime import assets
-    from laguna_dflash.runtime.batch import BatchEngine
     from laguna_dflash.runtime.cores import CpuMeter, busy_warning, cpu_facts
     from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.lanes import make_engine
     from laguna_dflash.runtime.llama import Model
     from laguna_dflash.runtime.open_pair import resolve_pair
 
@@ -219,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     target = Model(pair.target.path)
     drafter = Model(pair.drafter.path) if pair.drafter is not None else None
     prompts = [target.tokenize(texts[i % len(texts)])[:args.prompt_tokens or None] for i in range(args.requests)]
-    batched = {c: BatchEngine(target, pair, cfg, n_seq=c, drafter_model=drafter) for c in args.streams}
+    batched = {c: make_engine(target, pair, cfg, c, min(args.lanes, c), drafter) for c in args.streams}
     separate_depths = args.depths if args.separate_depths is None else args.separate_depths
     separate_streams = args.streams if args.separate_streams is None else args.separate_streams
     separate = [Engine(target, config=cfg, drafter_model=drafter, pair=pair) for _ in range(max(separate_streams))]
@@ -259,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             verdict = {"streams": c_acc, "depth": d_acc, "ratio_of_medians": ratio, "per_repetition_ratios": ratios, "bar": bar,
                        "outputs_equal_alone": exact, "held": ratio >= bar and exact}
         auto = auto_verdicts(table, args.streams, args.depths)
-        result = {"command": command_line(__file__, argv), "cpu": cpu_facts(), "threads": args.threads,
+        result = {"command": command_line(__file__, argv), "cpu": cpu_facts(), "threads": args.threads, "lanes": args.lanes,
                   "requests": args.requests, "n_predict": args.n_predict, "depths": list(args.depths), "prompt_tokens": args.prompt_tokens,
                   "repeats": args.repeats, "repeats_done": done,
                   "pair": pair_name, "target": Path(pair.target.path).name,

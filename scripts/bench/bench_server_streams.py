@@ -35,13 +35,13 @@ from tests.helpers.ik_interop import ik_named_copy, peer_snapshot
 OURS, IK = "laguna-run", "ik_llama.cpp"
 
 
-def start(server: str, streams: int, depth: int, threads: int, n_ctx: int, ik_binary: Path | None):
+def start(server: str, streams: int, depth: int, threads: int, n_ctx: int, ik_binary: Path | None, lanes: int = 1):
     from laguna_dflash.runtime import assets
 
     drafter = assets.converted_tiny_drafter()
     if server == OURS:
         flags = ["-m", str(assets.TINY_TARGET), "--cache-type", "f16", "-c", str(n_ctx), "-t", str(threads),
-                 "--parallel", str(streams), "--no-prompt-cache", "--n-max", str(depth)]
+                 "--parallel", str(streams), "--lanes", str(lanes), "--no-prompt-cache", "--n-max", str(depth)]
         if depth:
             flags += ["-md", str(drafter)]
         return ServeProcess(*flags)
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--lanes", type=int, default=1, help="laguna-run serve --lanes (at most --streams)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ctx", type=int, default=1024, help="context per slot")
     ap.add_argument("--json", type=Path)
@@ -111,12 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--depth", args.depth), ("--ik-depth", args.ik_depth)):
         if value is not None and not 0 <= value <= 15:
             ap.error(f"{flag} {value}: expected a draft depth in 0..15 (0: plain)")
+    if not 1 <= args.lanes <= args.streams:
+        ap.error(f"--lanes {args.lanes}: expected 1..{args.streams} (at most --streams)")
     ik_depth = args.ik_depth if args.ik_depth is not None else (args.depth if args.streams == 1 else 0)
     if ik_depth and args.streams > 1:
         ap.error(f"--ik-depth {ik_depth}: ik_llama.cpp's llama-server speculates only with one slot; expected 0 "
                  f"with --streams {args.streams}")
     from laguna_dflash.runtime import assets
-    from laguna_dflash.runtime.cores import CpuMeter
+    from laguna_dflash.runtime.cores import CpuMeter, cpu_facts
     from laguna_dflash.runtime.llama import Model
 
     ik_binary = ik_server_binary()
@@ -129,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                .decode("utf-8", errors="replace") for i in range(args.requests)]
     target.close()
     depths = {OURS: args.depth, IK: ik_depth}
-    procs = {s: start(s, args.streams, depths[s], args.threads, args.ctx, ik_binary) for s in servers}
+    procs = {s: start(s, args.streams, depths[s], args.threads, args.ctx, ik_binary, args.lanes) for s in servers}
     runs: dict[str, list[dict]] = {s: [] for s in servers}
     meter = CpuMeter()
     before = meter.snapshot()
@@ -150,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     if IK in runs:
         same = sum(a == b for a, b in zip(runs[OURS][0]["texts"], runs[IK][0]["texts"]))
     result = {"command": command_line(__file__, argv), "streams": args.streams, "depth": args.depth, "ik_depth": ik_depth,
-              "threads": args.threads, "requests": args.requests, "n_predict": args.n_predict,
+              "cpu": cpu_facts(), "threads": args.threads, "lanes": args.lanes, "requests": args.requests,
+              "n_predict": args.n_predict,
               "prompt_tokens": args.prompt_tokens, "repeats": args.repeats, "others_busy_cores": others,
               "ik_snapshot": peer_snapshot(ik_binary.parent) if ik_binary else None, "servers": table,
               "texts_equal_between_servers": None if same is None else f"{same}/{len(prompts)}",

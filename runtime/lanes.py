@@ -1,0 +1,198 @@
+"""Slots in lanes: several batched engines over one loaded pair, whose rounds run at once.
+
+    engine = LanedEngine(target, pair, EngineConfig(n_threads=2), n_seq=4, lanes=2, drafter_model=drafter)
+
+A :class:`~runtime.batch.BatchEngine` decodes all its slots' rows in one pass, each operation
+of it split over the context's threads. On a small target (the bundled tiny pair: hidden width
+128) an operation lasts about as long as the barrier the threads meet at after it, so a pass on
+two threads is barely faster than on one, while two passes on one thread each, at once, take two
+cores. Lanes split the slots into groups, each a BatchEngine of its own target context (each
+sequence still with its own KV stream) on an equal share of the threads; a round runs every
+lane's round at once, one thread each. On a target whose operations are large enough to split
+(real Laguna widths), one lane of all the threads is faster: lanes are the server's
+``--lanes``, 1 unless asked for.
+
+Slot ``g`` lives in lane ``g % lanes``, so slots taken lowest first spread over the lanes. A
+sequence's greedy output does not depend on its lane (each lane is a BatchEngine, whose
+sequences compute as alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+from .batch import BatchEngine, Finished
+from .cores import threads_for_run
+from .engine import EngineConfig, GenerationResult, refuse_closed
+from .llama import Model
+from .open_pair import PairFiles, open_models
+from .request import GenerateOptions, PairLimits
+
+__all__ = ["LanedEngine", "lane_threads", "make_engine"]
+
+
+def lane_threads(n_threads: int, lanes: int) -> list[int]:
+    """Each lane's threads: ``n_threads`` shared as evenly as they go, at least 1 each."""
+    if lanes < 1:
+        raise ValueError(f"lanes: expected >= 1, found {lanes}")
+    base, extra = divmod(n_threads, lanes)
+    return [max(1, base + (i < extra)) for i in range(lanes)]
+
+
+class LanedEngine:
+    """``n_seq`` slots in ``lanes`` BatchEngines over one loaded pair (see the module
+    docstring). Offers what runtime/server/pool.py reads of a BatchEngine; not thread-safe in
+    the same way (one thread starts sequences and runs rounds)."""
+
+    def __init__(self, target: Model, pair: PairFiles, config: EngineConfig | None = None, n_seq: int = 2,
+                 lanes: int = 2, drafter_model: Model | None = None) -> None:
+        cfg = self.config = config or EngineConfig()
+        if not 1 <= lanes <= n_seq:
+            raise ValueError(f"lanes: expected 1..{n_seq} (one slot at least in each), found {lanes}")
+        self.target, self.pair, self.n_seq, self.n_lanes = target, pair, n_seq, lanes
+        self._owned: list[Model] = []
+        self._closed = False
+        threads = lane_threads(threads_for_run(cfg.n_threads), lanes)
+        sizes = [len(range(i, n_seq, lanes)) for i in range(lanes)]
+        self.lanes: list[BatchEngine] = []
+        try:
+            for size, n in zip(sizes, threads):
+                lane_cfg = dataclasses.replace(cfg, n_threads=n)
+                self.lanes.append(BatchEngine(target, pair, lane_cfg, n_seq=size, drafter_model=drafter_model))
+        except BaseException:
+            self.close()
+            raise
+        # lane 0 runs in the caller's thread; the others each in a thread of their own
+        self._workers = ThreadPoolExecutor(max_workers=lanes - 1, thread_name_prefix="laguna-lane") \
+            if lanes > 1 else None
+
+    @classmethod
+    def open(cls, pair: PairFiles, config: EngineConfig | None = None, n_seq: int = 2,
+             lanes: int = 2) -> "LanedEngine":
+        """An engine over a resolved pair, with models of its own (closed with the engine)."""
+        cfg = config or EngineConfig()
+        target, drafter_model = open_models(pair, cfg)
+        try:
+            engine = cls(target, pair, cfg, n_seq, lanes, drafter_model)
+        except BaseException:
+            for m in (drafter_model, target):
+                if m is not None:
+                    m.close()
+            raise
+        engine._owned = [m for m in (drafter_model, target) if m is not None]
+        return engine
+
+    def _where(self, slot: int) -> tuple[BatchEngine, int]:
+        if not 0 <= slot < self.n_seq:
+            raise IndexError(f"slot: expected 0..{self.n_seq - 1}, found {slot}")
+        return self.lanes[slot % self.n_lanes], slot // self.n_lanes
+
+    # ------------------------------------------------------------------ what a server reads
+
+    @property
+    def limits(self) -> PairLimits:
+        return self.lanes[0].limits
+
+    @property
+    def drafter(self):
+        return self.lanes[0].drafter
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        refuse_closed(self._closed, self.target)
+        return self.lanes[0].tokenize(text, add_bos)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        refuse_closed(self._closed, self.target)
+        return self.lanes[0].detokenize(tokens)
+
+    def cached_prefix(self, slot: int, tokens) -> int:
+        lane, i = self._where(slot)
+        return lane.cached_prefix(i, tokens)
+
+    def lane_of(self, slot: int) -> int:
+        """``slot``'s lane: a server gives a new request to the lane with the fewest busy slots."""
+        self._where(slot)
+        return slot % self.n_lanes
+
+    def slot_states(self) -> list[dict]:
+        states = []
+        for g in range(self.n_seq):
+            lane, i = self._where(g)
+            states.append({**lane.slot_states()[i], "slot": g, "lane": g % self.n_lanes})
+        return states
+
+    # ------------------------------------------------------------------ running sequences
+
+    def busy(self, slot: int) -> bool:
+        lane, i = self._where(slot)
+        return lane.busy(i)
+
+    @property
+    def running(self) -> int:
+        return sum(lane.running for lane in self.lanes)
+
+    def start(self, slot: int, prompt: str | list[int], options: GenerateOptions | None = None) -> None:
+        lane, i = self._where(slot)
+        lane.start(i, prompt, options)
+
+    def cancel(self, slot: int) -> Finished | None:
+        lane, i = self._where(slot)
+        fin = lane.cancel(i)
+        return None if fin is None else self._global(slot % self.n_lanes, fin)
+
+    def take_text(self, slot: int) -> str:
+        lane, i = self._where(slot)
+        return lane.take_text(i)
+
+    def _global(self, k: int, fin: Finished) -> Finished:
+        fin.slot = fin.slot * self.n_lanes + k
+        return fin
+
+    def step(self) -> list[Finished]:
+        """One round of every lane that has a running sequence, at once; returns the sequences
+        that ended (their text is still to take)."""
+        refuse_closed(self._closed, self.target)
+        busy = [k for k, lane in enumerate(self.lanes) if lane.running]
+        if not busy:
+            return []
+        others = [(k, self._workers.submit(self.lanes[k].step)) for k in busy[1:]]
+        done = [self._global(busy[0], fin) for fin in self.lanes[busy[0]].step()]
+        for k, future in others:  # every lane's round ends before this one returns
+            done.extend(self._global(k, fin) for fin in future.result())
+        return done
+
+    def generate_all(self, prompts: list, options: GenerateOptions | list[GenerateOptions] | None = None
+                     ) -> list[GenerationResult]:
+        """Run prompts to their ends, up to n_seq at a time, each on the first free slot."""
+        return BatchEngine.generate_all(self, prompts, options)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Free every lane's contexts (and the models :meth:`open` loaded). Closing twice is harmless."""
+        self._closed = True
+        workers = getattr(self, "_workers", None)
+        if workers is not None:
+            workers.shutdown(wait=True)
+            self._workers = None
+        for lane in self.lanes:
+            lane.close()
+        self.lanes = []
+        for m in self._owned:
+            m.close()
+        self._owned = []
+
+    def __enter__(self) -> "LanedEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def make_engine(target: Model, pair: PairFiles, config: EngineConfig, n_seq: int, lanes: int = 1,
+                drafter_model: Model | None = None) -> BatchEngine | LanedEngine:
+    """The server's engine: one BatchEngine, or ``lanes`` of them where asked for."""
+    if lanes == 1:
+        return BatchEngine(target, pair, config, n_seq=n_seq, drafter_model=drafter_model)
+    return LanedEngine(target, pair, config, n_seq=n_seq, lanes=lanes, drafter_model=drafter_model)
