@@ -301,10 +301,12 @@ class BatchEngine:
         return self._end(s, Finished(slot, s.out, Stats(), "interrupted"))
 
     def take_text(self, slot: int) -> str:
-        """The text a slot's generation produced since the last call."""
-        s = self.slots[slot]
-        text = "".join(s.texts)
-        s.texts.clear()
+        """The text a slot's generation produced since the last call. Safe beside a round running
+        in another thread (runtime/lanes.py): pieces appended meanwhile stay for the next call."""
+        texts = self.slots[slot].texts
+        n = len(texts)
+        text = "".join(texts[:n])
+        del texts[:n]
         return text
 
     def step(self) -> list[Finished]:

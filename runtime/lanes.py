@@ -1,26 +1,30 @@
-"""Slots in lanes: several batched engines over one loaded pair, whose rounds run at once.
+"""Slots in lanes: several batched engines over one loaded pair, each running its rounds in a
+thread of its own.
 
     engine = LanedEngine(target, pair, EngineConfig(n_threads=2), n_seq=4, lanes=2, drafter_model=drafter)
 
 A :class:`~runtime.batch.BatchEngine` decodes all its slots' rows in one pass, each operation
-of it split over the context's threads. On a small target (the bundled tiny pair: hidden width
-128) an operation lasts about as long as the barrier the threads meet at after it, so a pass on
-two threads is barely faster than on one, while two passes on one thread each, at once, take two
+of it split over the context's threads. On a small target (the bundled pairs: hidden width 128)
+an operation lasts about as long as the barrier the threads meet at after it, so a pass on two
+threads is barely faster than on one, while two passes on one thread each, at once, take two
 cores. Lanes split the slots into groups, each a BatchEngine of its own target context (each
-sequence still with its own KV stream) on an equal share of the threads; a round runs every
-lane's round at once, one thread each. On a target whose operations are large enough to split
-(real Laguna widths), one lane of all the threads is faster: lanes are the server's
-``--lanes``, 1 unless asked for.
+sequence still with its own KV stream) on an equal share of the threads, and each lane runs
+its rounds back to back in its own thread, never waiting for another lane's round: a lane's
+``auto`` then times and plans its own passes, which cost what they cost whatever the other
+lanes draft. On a target whose operations are large enough to split (real Laguna widths), one
+lane of all the threads is faster: lanes are the server's ``--lanes``, 1 unless asked for.
 
 Slot ``g`` lives in lane ``g % lanes``, so slots taken lowest first spread over the lanes. A
 sequence's greedy output does not depend on its lane (each lane is a BatchEngine, whose
-sequences compute as alone).
+sequences compute as alone). :meth:`start` and :meth:`cancel` wait for the slot's lane to end
+its round (at most one round); :meth:`step` returns the sequences that ended since the last call,
+once any lane ends a round.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
+import threading
 
 from .batch import BatchEngine, Finished
 from .cores import threads_for_run
@@ -42,8 +46,8 @@ def lane_threads(n_threads: int, lanes: int) -> list[int]:
 
 class LanedEngine:
     """``n_seq`` slots in ``lanes`` BatchEngines over one loaded pair (see the module
-    docstring). Offers what runtime/server/pool.py reads of a BatchEngine; not thread-safe in
-    the same way (one thread starts sequences and runs rounds)."""
+    docstring). Offers what runtime/server/pool.py reads of a BatchEngine; one thread starts
+    sequences and calls :meth:`step`, as there."""
 
     def __init__(self, target: Model, pair: PairFiles, config: EngineConfig | None = None, n_seq: int = 2,
                  lanes: int = 2, drafter_model: Model | None = None) -> None:
@@ -53,19 +57,26 @@ class LanedEngine:
         self.target, self.pair, self.n_seq, self.n_lanes = target, pair, n_seq, lanes
         self._owned: list[Model] = []
         self._closed = False
+        self._changed = threading.Condition()  # a lane ended a round, a sequence started, or closing
+        self._ended: list[Finished] = []  # ended in the lanes, not yet returned by step()
+        self._rounds = 0  # rounds ended in all lanes
+        self._error: BaseException | None = None  # what stopped a lane's thread
+        self._round_locks = [threading.Lock() for _ in range(lanes)]  # held by a lane through its round
+        self._threads: list[threading.Thread] = []
         threads = lane_threads(threads_for_run(cfg.n_threads), lanes)
-        sizes = [len(range(i, n_seq, lanes)) for i in range(lanes)]
         self.lanes: list[BatchEngine] = []
         try:
-            for size, n in zip(sizes, threads):
+            for k, n in enumerate(threads):
                 lane_cfg = dataclasses.replace(cfg, n_threads=n)
+                size = len(range(k, n_seq, lanes))
                 self.lanes.append(BatchEngine(target, pair, lane_cfg, n_seq=size, drafter_model=drafter_model))
         except BaseException:
             self.close()
             raise
-        # lane 0 runs in the caller's thread; the others each in a thread of their own
-        self._workers = ThreadPoolExecutor(max_workers=lanes - 1, thread_name_prefix="laguna-lane") \
-            if lanes > 1 else None
+        for k in range(lanes):
+            t = threading.Thread(target=self._run_lane, args=(k,), name=f"laguna-lane-{k}", daemon=True)
+            t.start()
+            self._threads.append(t)
 
     @classmethod
     def open(cls, pair: PairFiles, config: EngineConfig | None = None, n_seq: int = 2,
@@ -87,6 +98,33 @@ class LanedEngine:
         if not 0 <= slot < self.n_seq:
             raise IndexError(f"slot: expected 0..{self.n_seq - 1}, found {slot}")
         return self.lanes[slot % self.n_lanes], slot // self.n_lanes
+
+    # ------------------------------------------------------------------ the lanes' threads
+
+    def _run_lane(self, k: int) -> None:
+        lane, lock = self.lanes[k], self._round_locks[k]
+        while True:
+            with self._changed:
+                while not self._closed and not lane.running:
+                    self._changed.wait()
+                if self._closed:
+                    return
+            try:
+                with lock:
+                    ended = lane.step()
+            except BaseException as e:  # the engine itself failed (closed under it)
+                with self._changed:
+                    self._error = self._error or e
+                    self._changed.notify_all()
+                return
+            with self._changed:
+                self._ended.extend(self._global(k, fin) for fin in ended)
+                self._rounds += 1
+                self._changed.notify_all()
+
+    def _global(self, k: int, fin: Finished) -> Finished:
+        fin.slot = fin.slot * self.n_lanes + k
+        return fin
 
     # ------------------------------------------------------------------ what a server reads
 
@@ -130,37 +168,42 @@ class LanedEngine:
 
     @property
     def running(self) -> int:
-        return sum(lane.running for lane in self.lanes)
+        """Sequences running in the lanes, and those that ended there and :meth:`step` has not
+        returned yet."""
+        with self._changed:
+            return sum(lane.running for lane in self.lanes) + len(self._ended)
 
     def start(self, slot: int, prompt: str | list[int], options: GenerateOptions | None = None) -> None:
+        refuse_closed(self._closed, self.target)
         lane, i = self._where(slot)
-        lane.start(i, prompt, options)
+        with self._round_locks[slot % self.n_lanes]:
+            lane.start(i, prompt, options)
+        with self._changed:
+            self._changed.notify_all()
 
     def cancel(self, slot: int) -> Finished | None:
         lane, i = self._where(slot)
-        fin = lane.cancel(i)
+        with self._round_locks[slot % self.n_lanes]:
+            fin = lane.cancel(i)
         return None if fin is None else self._global(slot % self.n_lanes, fin)
 
     def take_text(self, slot: int) -> str:
         lane, i = self._where(slot)
         return lane.take_text(i)
 
-    def _global(self, k: int, fin: Finished) -> Finished:
-        fin.slot = fin.slot * self.n_lanes + k
-        return fin
-
     def step(self) -> list[Finished]:
-        """One round of every lane that has a running sequence, at once; returns the sequences
-        that ended (their text is still to take)."""
+        """Wait until a lane ends a round (or none runs), then return the sequences that ended
+        since the last call (their text is still to take)."""
         refuse_closed(self._closed, self.target)
-        busy = [k for k, lane in enumerate(self.lanes) if lane.running]
-        if not busy:
-            return []
-        others = [(k, self._workers.submit(self.lanes[k].step)) for k in busy[1:]]
-        done = [self._global(busy[0], fin) for fin in self.lanes[busy[0]].step()]
-        for k, future in others:  # every lane's round ends before this one returns
-            done.extend(self._global(k, fin) for fin in future.result())
-        return done
+        with self._changed:
+            seen = self._rounds
+            while (not self._ended and self._rounds == seen and self._error is None
+                   and any(lane.running for lane in self.lanes)):
+                self._changed.wait()
+            if self._error is not None:
+                raise self._error
+            ended, self._ended = self._ended, []
+        return ended
 
     def generate_all(self, prompts: list, options: GenerateOptions | list[GenerateOptions] | None = None
                      ) -> list[GenerationResult]:
@@ -170,12 +213,14 @@ class LanedEngine:
     # ------------------------------------------------------------------ lifetime
 
     def close(self) -> None:
-        """Free every lane's contexts (and the models :meth:`open` loaded). Closing twice is harmless."""
-        self._closed = True
-        workers = getattr(self, "_workers", None)
-        if workers is not None:
-            workers.shutdown(wait=True)
-            self._workers = None
+        """Stop the lanes' threads (each after its round) and free every lane's contexts (and the
+        models :meth:`open` loaded). Closing twice is harmless."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        for t in self._threads:
+            t.join()
+        self._threads = []
         for lane in self.lanes:
             lane.close()
         self.lanes = []

@@ -133,36 +133,41 @@ def test_one_round_is_one_target_decode_over_every_running_sequence(pair, monkey
 
 
 def test_lanes_decode_their_own_sequences_at_once_each_on_its_share_of_threads(pair, monkeypatch):
-    """4 slots in 2 lanes: slots 0 and 2 in lane 0, 1 and 3 in lane 1; a round is one decode per
-    lane, of that lane's own sequences, the two from different threads, each context on one of
-    the two threads."""
+    """4 slots in 2 lanes: slots 0 and 2 in lane 0, 1 and 3 in lane 1. Each lane decodes only its
+    own two sequences, on one of the two threads, from a thread of its own (not the caller's),
+    and the two lanes' decodes overlap in time."""
     import threading
+    import time
 
     from laguna_dflash.runtime import llama
 
     calls = []
     real = llama.Context.decode_seqs
-    monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: calls.append(
-        (id(self), self.n_threads, threading.get_ident(), [seq for seq, _, _, _ in parts])) or real(self, parts))
+
+    def timed(self, parts):
+        t0 = time.perf_counter()
+        try:
+            return real(self, parts)
+        finally:
+            calls.append((id(self), self.n_threads, threading.get_ident(), [seq for seq, _, _, _ in parts],
+                          t0, time.perf_counter()))
+    monkeypatch.setattr(llama.Context, "decode_seqs", timed)
     with LanedEngine.open(pair, EngineConfig(**{**CONFIG, "n_threads": 2}), n_seq=4, lanes=2) as engine:
         assert [engine.lane_of(s) for s in range(4)] == [0, 1, 0, 1]
-        for slot in range(4):
-            engine.start(slot, PROMPTS[slot][:60], GenerateOptions(n_predict=12, n_max=3))
-        both = 0
-        while engine.running:
-            before = len(calls)
-            engine.step()
-            ctxs = {c[0] for c in calls[before:]}
-            assert len(ctxs) == len(calls[before:]), "a lane decoded twice in one round"
-            if len(ctxs) == 2:
-                both += 1
-                assert len({c[2] for c in calls[before:]}) == 2, "the lanes' decodes ran in one thread"
-        assert both >= 5, "the lanes seldom ran a round together"
-        targets = {}
-        for ctx, threads, _, seqs in calls:
-            targets.setdefault(ctx, set()).update(seqs)
-            assert threads == 1
-        assert sorted(map(sorted, targets.values())) == [[0, 1], [0, 1]]  # each lane: its two sequences
+        results = engine.generate_all([PROMPTS[i][:60] for i in range(4)], GenerateOptions(n_predict=24, n_max=3))
+    assert all(len(r.tokens) == 24 for r in results)
+    by_ctx: dict[int, list] = {}
+    for c in calls:
+        by_ctx.setdefault(c[0], []).append(c)
+    assert len(by_ctx) == 2
+    for ctx_calls in by_ctx.values():
+        assert {c[1] for c in ctx_calls} == {1}, "a lane's context is not on one thread"
+        assert {seq for c in ctx_calls for seq in c[3]} == {0, 1}, "a lane decoded other sequences than its two"
+    (a, b) = [{c[2] for c in v} for v in by_ctx.values()]
+    assert len(a) == len(b) == 1 and a != b and threading.get_ident() not in a | b
+    lane0, lane1 = by_ctx.values()
+    overlaps = sum(1 for x in lane0 for y in lane1 if x[4] < y[5] and y[4] < x[5])
+    assert overlaps >= 5, "the lanes' decodes did not run at the same time"
 
 
 def test_lane_threads_share_the_threads_at_least_one_each():
