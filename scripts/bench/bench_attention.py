@@ -159,7 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from laguna_dflash.runtime.cores import cpu_facts
     from scripts.bench.bench_lib_ab import installed_lib_dir
 
     console = Console(stderr=True)
@@ -179,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 trials[side].append(run_worker(lib, wargs))
                 prog.advance(task)
     cells_ = summary(trials)
-    result = {"command": command_line(__file__, argv), "cpu": cpu_facts(), "a": str(lib_a), "b": str(args.b),
+    result = {"command": command_line(__file__, argv), "a": str(lib_a), "b": str(args.b),
               "pairs": args.pairs, "reps": args.reps, "reps_long": args.reps_long, "cells": cells_,
               "outputs_equal": all(c["outputs_equal"] for c in cells_.values())}
     for key, row in cells_.items():

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--ik-depth {ik_depth}: ik_llama.cpp's llama-server speculates only with one slot; expected 0 "
                  f"with --streams {args.streams}")
     from laguna_dflash.runtime import assets
-    from laguna_dflash.runtime.cores import CpuMeter, cpu_facts
+    from laguna_dflash.runtime.cores import CpuMeter
     from laguna_dflash.runtime.llama import Model
 
     ik_binary = ik_server_binary()
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if IK in runs:
         same = sum(a == b for a, b in zip(runs[OURS][0]["texts"], runs[IK][0]["texts"]))
     result = {"command": command_line(__file__, argv), "streams": args.streams, "depth": args.depth, "ik_depth": ik_depth,
-              "cpu": cpu_facts(), "threads": args.threads, "lanes": args.lanes, "requests": args.requests,
+              "threads": args.threads, "lanes": args.lanes, "requests": args.requests,
               "n_predict": args.n_predict,
               "prompt_tokens": args.prompt_tokens, "repeats": args.repeats, "others_busy_cores": others,
               "ik_snapshot": peer_snapshot(ik_binary.parent) if ik_binary else None, "servers": table,
