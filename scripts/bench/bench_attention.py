@@ -62,7 +62,10 @@ def worker(args) -> dict:
         for r in range(rows):
             if rows - 1 - r:
                 mask[r, n_kv - (rows - 1 - r):] = -np.inf
-        mem = 16 * 2**20 + 2 * (q.nbytes + k.nbytes + v.nbytes + mask.nbytes + rows * n_head * dk * 4)
+        reps = args.reps_long if n_kv > 8192 else args.reps
+        # ggml_graph_compute_with_ctx takes its work buffer from the context at every compute
+        mem = 16 * 2**20 + 2 * (q.nbytes + k.nbytes + v.nbytes + mask.nbytes + rows * n_head * dk * 4) + \
+            (reps + 1) * 2**18
         ctx = fa.ggml_init(_InitParams(mem, None, False))
         try:
             qt = fa.ggml_new_tensor_4d(ctx, GGML_TYPE_F32, dk, rows, n_head, 1)
@@ -76,7 +79,6 @@ def worker(args) -> dict:
             op = fa.ggml_flash_attn_ext(ctx, qt, kt, vt, mt, 1.0 / float(np.sqrt(dk)), 0.0, 0.0)
             graph = fa.ggml_new_graph(ctx)
             fa.ggml_build_forward_expand(graph, op)
-            reps = args.reps_long if n_kv > 8192 else args.reps
             times = []
             for _ in range(reps + 1):  # the first untimed
                 t0 = time.perf_counter()
@@ -94,7 +96,7 @@ def worker(args) -> dict:
 def run_worker(lib: Path, argv: list[str]) -> dict:
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib))
     r = subprocess.run([sys.executable, "-m", "scripts.bench.bench_attention", "--worker", *argv], env=env,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     if r.returncode != 0:
         raise RuntimeError(f"worker with {lib} failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -73,7 +73,8 @@ def worker(args) -> dict:
 
 def run_worker(lib: Path, argv: list[str]) -> dict:
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib))
-    r = subprocess.run([sys.executable, __file__, "--worker", *argv], env=env, capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "scripts.bench.bench_lib_ab", "--worker", *argv], env=env,
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     if r.returncode != 0:
         raise RuntimeError(f"worker with {lib} failed:\n{r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
