@@ -199,7 +199,9 @@ class SlotPool:
                     "slot_states": [self._slot_state(s) for s in self.slots]}
 
     def _slot_state(self, slot: Slot) -> dict:  # under the lock
-        where = {"slot": slot.index, **({"lane": self.batch.lane_of(slot.index)} if self.batch.n_lanes > 1 else {})}
+        where = {"slot": slot.index}
+        if self.batch.n_lanes > 1:
+            where["lane"] = self.batch.lane_of(slot.index)
         job = slot.job
         if job is None:
             return {**where, "state": "idle"}
