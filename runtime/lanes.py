@@ -110,17 +110,17 @@ class LanedEngine:
                 if self._closed:
                     return
             try:
-                with lock:
+                with lock:  # what ended is handed over before the lock goes: cancel() finds it
                     ended = lane.step()
+                    with self._changed:
+                        self._ended.extend(self._global(k, fin) for fin in ended)
+                        self._rounds += 1
+                        self._changed.notify_all()
             except BaseException as e:  # the engine itself failed (closed under it)
                 with self._changed:
                     self._error = self._error or e
                     self._changed.notify_all()
                 return
-            with self._changed:
-                self._ended.extend(self._global(k, fin) for fin in ended)
-                self._rounds += 1
-                self._changed.notify_all()
 
     def _global(self, k: int, fin: Finished) -> Finished:
         fin.slot = fin.slot * self.n_lanes + k
@@ -182,10 +182,18 @@ class LanedEngine:
             self._changed.notify_all()
 
     def cancel(self, slot: int) -> Finished | None:
+        """End a slot's generation now; None when it was idle. A generation that ended in a
+        round :meth:`step` has not returned yet is returned here instead, and not by step()."""
         lane, i = self._where(slot)
         with self._round_locks[slot % self.n_lanes]:
             fin = lane.cancel(i)
-        return None if fin is None else self._global(slot % self.n_lanes, fin)
+            if fin is not None:
+                return self._global(slot % self.n_lanes, fin)
+            with self._changed:
+                ended = next((f for f in self._ended if f.slot == slot), None)
+                if ended is not None:
+                    self._ended.remove(ended)
+                return ended
 
     def take_text(self, slot: int) -> str:
         lane, i = self._where(slot)
@@ -197,7 +205,7 @@ class LanedEngine:
         refuse_closed(self._closed, self.target)
         with self._changed:
             seen = self._rounds
-            while (not self._ended and self._rounds == seen and self._error is None
+            while (not self._ended and self._rounds == seen and self._error is None and not self._closed
                    and any(lane.running for lane in self.lanes)):
                 self._changed.wait()
             if self._error is not None:

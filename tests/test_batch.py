@@ -170,6 +170,35 @@ def test_lanes_decode_their_own_sequences_at_once_each_on_its_share_of_threads(p
     assert overlaps >= 5, "the lanes' decodes did not run at the same time"
 
 
+def test_closing_lanes_mid_generation_stops_their_threads(pair):
+    engine = LanedEngine.open(pair, EngineConfig(**{**CONFIG, "n_threads": 2}), n_seq=2, lanes=2)
+    for slot in range(2):
+        engine.start(slot, PROMPTS[slot][:60], GenerateOptions(n_predict=200, n_max=2))
+    engine.step()
+    threads = list(engine._threads)
+    assert all(t.is_alive() for t in threads)
+    engine.close()
+    assert not any(t.is_alive() for t in threads)
+    with pytest.raises(Exception, match="closed"):
+        engine.step()
+
+
+def test_cancelling_a_lane_slot_that_already_ended_returns_its_result_once(pair):
+    """A lane runs its rounds without waiting for step(): a sequence can end before step()
+    reports it. Cancelling it then returns that result, and step() does not return it again."""
+    import time
+
+    with LanedEngine.open(pair, EngineConfig(**{**CONFIG, "n_threads": 2}), n_seq=2, lanes=2) as engine:
+        engine.start(1, PROMPTS[0][:40], GenerateOptions(n_predict=3, n_max=2))
+        deadline = time.monotonic() + 30
+        while engine.busy(1):  # lane 1 runs its rounds by itself
+            assert time.monotonic() < deadline, "the lane did not finish a 3-token generation"
+            time.sleep(0.005)
+        fin = engine.cancel(1)
+        assert fin is not None and fin.slot == 1 and fin.stop_reason != "interrupted" and len(fin.tokens) == 3
+        assert engine.step() == [] and engine.running == 0 and engine.cancel(1) is None
+
+
 def test_lane_threads_share_the_threads_at_least_one_each():
     assert lane_threads(2, 2) == [1, 1]
     assert lane_threads(5, 2) == [3, 2]
