@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,15 +91,6 @@ def worker(args) -> dict:
     return out
 
 
-def run_worker(lib: Path, argv: list[str]) -> dict:
-    env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib))
-    r = subprocess.run([sys.executable, "-m", "scripts.bench.bench_attention", "--worker", *argv], env=env,
-                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
-    if r.returncode != 0:
-        raise RuntimeError(f"worker with {lib} failed:\n{r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 def summary(trials: dict[str, list[dict]]) -> dict:
     res = {}
     for key in trials["A"][0]:
@@ -161,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    from scripts.bench.bench_lib_ab import installed_lib_dir
+    from scripts.bench.bench_lib_ab import installed_lib_dir, run_worker
 
     console = Console(stderr=True)
     lib_a = args.a or installed_lib_dir()
@@ -177,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         task = prog.add_task("workers", total=2 * args.pairs)
         for _ in range(args.pairs):
             for side, lib in (("A", lib_a), ("B", args.b)):
-                trials[side].append(run_worker(lib, wargs))
+                trials[side].append(run_worker(lib, wargs, "scripts.bench.bench_attention"))
                 prog.advance(task)
     cells_ = summary(trials)
     result = {"command": command_line(__file__, argv), "a": str(lib_a), "b": str(args.b),

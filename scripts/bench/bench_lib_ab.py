@@ -71,9 +71,11 @@ def worker(args) -> dict:
     return out
 
 
-def run_worker(lib: Path, argv: list[str]) -> dict:
+def run_worker(lib: Path, argv: list[str], module: str = "scripts.bench.bench_lib_ab") -> dict:
+    """``module --worker argv`` in a process of its own over the libraries in ``lib``; its last
+    line of output, as JSON (bench_attention's workers run here too)."""
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(lib))
-    r = subprocess.run([sys.executable, "-m", "scripts.bench.bench_lib_ab", "--worker", *argv], env=env,
+    r = subprocess.run([sys.executable, "-m", module, "--worker", *argv], env=env,
                        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     if r.returncode != 0:
         raise RuntimeError(f"worker with {lib} failed:\n{r.stderr[-2000:]}")
