@@ -122,8 +122,12 @@ class LanedEngine:
                     self._changed.notify_all()
                 return
 
+    def _slot(self, k: int, i: int) -> int:
+        """The slot that is sequence ``i`` of lane ``k`` (the inverse of :meth:`_where`)."""
+        return i * self.n_lanes + k
+
     def _global(self, k: int, fin: Finished) -> Finished:
-        fin.slot = fin.slot * self.n_lanes + k
+        fin.slot = self._slot(k, fin.slot)
         return fin
 
     # ------------------------------------------------------------------ what a server reads
@@ -154,10 +158,11 @@ class LanedEngine:
         return slot % self.n_lanes
 
     def slot_states(self) -> list[dict]:
-        states = []
-        for g in range(self.n_seq):
-            lane, i = self._where(g)
-            states.append({**lane.slot_states()[i], "slot": g, "lane": g % self.n_lanes})
+        states: list[dict] = [{}] * self.n_seq
+        for k, lane in enumerate(self.lanes):  # each lane's states once (the pool reads them every round)
+            for state in lane.slot_states():
+                g = self._slot(k, state["slot"])
+                states[g] = {**state, "slot": g, "lane": k}
         return states
 
     # ------------------------------------------------------------------ running sequences
