@@ -5,9 +5,10 @@
 #   *.whl                  the dependencies that machine's image lacks (gguf, diskcache; llguidance
 #                          built for its Python, 3.12)
 #   fixtures/              the tiny target fixture (its converter comes from the sdist)
-# and OUT_DIR-parts/part0, part1, ...: the same bundle as one tar in pieces of 20 MB. A device call
-# carries at most 64 MiB, the tree's tracked files (about 41 MiB) included, so the bundle travels
-# one piece a call into /tmp/laguna-gpu-parts there, and gpu_check.sh puts it back together.
+# and OUT_DIR-parts/part0, part1, ...: the same bundle as one tar in pieces. A device call carries
+# at most 64 MiB, the tree's tracked files (about 53 MB) included, so the pieces are what the tree
+# leaves, and the bundle travels one piece a call into /tmp/laguna-gpu-parts there;
+# gpu_check.sh puts it back together.
 # Usage: scripts/gpu_bundle.sh [OUT_DIR]   (default .gpu, ignored by git; CUDA arch: $LAGUNA_CUDA_ARCH, default 90)
 # Then scripts/gpu/check_bundle.py checks the bundle as reassembled from its pieces and runs
 # gpu_check.sh on it up to the GPU.
@@ -39,8 +40,12 @@ if not (out / 'fingerprint').exists():
 print(out)" | tail -n 1)
 mkdir -p "$out/fixtures" && cp -r "$fixture" "$out/fixtures/"
 du -sh "$out"/*
+# a piece and the tree that travels with it (tracked files, 2 MB spare) fit one call's 64 MiB
+tree=$(git ls-files -z | xargs -0 du -cb | tail -n 1 | cut -f1)
+piece=$((64 * 1024 * 1024 - tree - 2000000))
+(( piece > 4000000 )) || { echo "the tracked tree ($tree bytes) leaves no room for a bundle piece" >&2; exit 1; }
 rm -rf "$out-parts" && mkdir -p "$out-parts"
-tar -C "$out" -cf - . | split -b 20000000 -d -a 1 - "$out-parts/part"
+tar -C "$out" -cf - . | split -b "$piece" -d -a 1 - "$out-parts/part"
 ls -l "$out-parts"
 # check what travels: the bundle as gpu_check.sh reassembles it from the pieces
 mkdir -p "$tmp/reassembled" && cat "$out-parts"/part* | tar -C "$tmp/reassembled" -xf -

@@ -6,10 +6,11 @@
 #   3 offload   what llama.cpp's op offload does to a CPU-placed model's prompt rows
 #   4 invariance  scripts/investigate/batch_invariance.py: a row's logits alone vs in a batch, on the GPU
 #   5 capture   scripts/bench/bench_capture.py: a plain step with and without hidden-state capture
-#   6 suite     the whole test suite against the CUDA build
-#   7 sweep     laguna-run bench --sweep with both models on the GPU (JSON + PNG)
-#   8 record    scripts/bench/record_acceptance.py: the GPU's clock for the tuner replay
-#   9 autotune  scripts/bench/bench_autotune.py on the GPU (code and the degraded drafter)
+#   6 concurrency  scripts/bench/bench_concurrency.py on the GPU: batched slots against one at a time
+#   7 suite     the whole test suite against the CUDA build
+#   8 sweep     laguna-run bench --sweep with both models on the GPU (JSON + PNG)
+#   9 record    scripts/bench/record_acceptance.py: the GPU's clock for the tuner replay
+#  10 autotune  scripts/bench/bench_autotune.py on the GPU (code and the degraded drafter)
 # Each stage's log, and the JSON and PNG files, go to $OUT (default gpu-out/); summary.txt
 # holds each stage's exit status and seconds. Stages start only while the deadline allows,
 # and only those GPU_CHECK_STAGES names (default: all).
@@ -23,7 +24,7 @@ bundle=${GPU_BUNDLE:-.gpu}
 out=${OUT:-gpu-out}
 py=${PYTHON:-python3}
 deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-480}))
-stages=" ${GPU_CHECK_STAGES:-cuda offload invariance capture suite sweep record autotune} "
+stages=" ${GPU_CHECK_STAGES:-cuda offload invariance capture concurrency suite sweep record autotune} "
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LAGUNA_DFLASH_CACHE=${LAGUNA_DFLASH_CACHE:-/tmp/laguna-dflash-cache}
 
@@ -87,7 +88,7 @@ import laguna_dflash.runtime.bindings as b; b.lib()
 from laguna_dflash.runtime.placement import gpu_available
 import llama_cpp; print('llama_cpp', llama_cpp.__version__, 'gpu', gpu_available())
 assert gpu_available(), 'the CUDA build sees no GPU'" || exit 1
-stage cuda 150 "$py" -m pytest -q -s -rA -p no:cacheprovider tests/test_cuda.py
+stage cuda 200 "$py" -m pytest -q -s -rA -p no:cacheprovider tests/test_cuda.py
 stage offload 45 "$py" - <<'EOF'
 import os, sys
 from pathlib import Path
@@ -113,6 +114,8 @@ EOF
 stage invariance 90 "$py" -m scripts.investigate.batch_invariance --device cuda --model runtime/data/laguna-tiny/Laguna-Tiny-target-Q8_0.gguf \
     --model "$(ls -d "$LAGUNA_DFLASH_CACHE"/fixtures/tiny-target-*/tiny-laguna-f32.gguf | head -n 1)" --json "$out/invariance-cuda.json"
 stage capture 30 "$py" -m scripts.bench.bench_capture --device cuda --json "$out/capture-cuda.json"
+stage concurrency 200 "$py" -m scripts.bench.bench_concurrency --device cuda ${CONCURRENCY_ARGS:-} \
+    --json "$out/concurrency-cuda.json" --png "$out/concurrency-cuda.png"
 stage suite 200 "$py" -m pytest -q -p no:cacheprovider tests
 stage sweep 120 "$py" -m laguna_dflash.runtime.cli bench --sweep --device cuda -n 64 --json "$out/sweep-cuda.json" --png "$out/sweep-cuda.png"
 stage record 150 "$py" -m scripts.bench.record_acceptance --device cuda --lengths-from tests/fixtures/recordings/replay.json \

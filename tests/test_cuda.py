@@ -162,6 +162,39 @@ def test_bundled_pair_on_the_gpu_follows_plain_greedy_up_to_near_ties():
                 assert spec.stats.accepted > 0
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_batched_slots_on_the_gpu_follow_plain_greedy_up_to_near_ties(lanes):
+    """Four sequences of the bundled pair over one target context on the GPU (``serve --parallel 4``,
+    and ``--lanes 2``: two such contexts decoding from two threads): each sequence follows its plain
+    greedy output alone up to a near-tie, plain and speculative, whatever runs beside it."""
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.lanes import LanedEngine, make_engine
+    from laguna_dflash.runtime.open_pair import open_models, resolve_pair
+
+    target, drafter = assets.default_pair(None)
+    texts = assets.read_prompts(assets.CODE_PROMPTS)[:4]
+    cfg = EngineConfig(n_ctx=1024, n_gpu_layers=ALL_LAYERS, n_gpu_layers_draft=ALL_LAYERS)
+    with Engine.load(target, drafter, cfg) as eng:
+        prompts = [eng.tokenize(t) for t in texts]
+        plains = [eng.generate(p, GenerateOptions(n_predict=48, n_max=0)).tokens for p in prompts]
+        top2s = [plain_top2(eng, p, t) for p, t in zip(prompts, plains)]
+    pair = resolve_pair(target, drafter)
+    target_model, drafter_model = open_models(pair, cfg)
+    try:
+        with make_engine(target_model, pair, cfg, 4, lanes, drafter_model) as batched:
+            assert isinstance(batched, LanedEngine) == (lanes > 1)
+            for depth in (0, 4, "auto"):
+                results = batched.generate_all(prompts, GenerateOptions(n_predict=48, n_max=depth))
+                for i, r in enumerate(results):
+                    assert_equal_up_to_a_near_tie(r.tokens, plains[i], top2s[i],
+                                                  f"{lanes} lane(s), sequence {i}, n_max {depth}")
+                if depth == 4:
+                    assert sum(r.stats.accepted for r in results) > 0
+    finally:
+        for m in (drafter_model, target_model):
+            m.close()
+
+
 def test_cli_auto_device_puts_both_models_on_the_gpu(capsys):
     from laguna_dflash.runtime.cli import main
 

@@ -24,6 +24,7 @@ engine alone. With ``auto`` among ``--depths``, each stream count's batched ``au
 judged against the best of the fixed depths run (median over median, held at >= 0.97);
 ``--separate-depths`` and ``--separate-streams`` limit the separate engines to the cells a
 comparison needs. Each engine's rounds run in a thread of their own (``in_a_thread``).
+``--device cuda`` puts both models on the GPU (a CUDA build of the wheel).
 ``--lanes`` splits each batched engine's slots into lanes whose passes run at once
 (runtime/lanes.py, ``laguna-run serve --lanes``).
 
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lanes", type=int, default=1,
                     help="the batched engines' lanes (laguna-run serve --lanes; at most the stream count)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: both models' layers on the GPU (a CUDA build of the wheel)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
@@ -212,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     from laguna_dflash.runtime.lanes import make_engine
     from laguna_dflash.runtime.llama import Model
     from laguna_dflash.runtime.open_pair import resolve_pair
+    from laguna_dflash.runtime.placement import ALL_LAYERS, gpu_available
 
     console = Console(stderr=True)
     if args.target is None:
@@ -220,10 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         pair = resolve_pair(args.target, args.drafter)
         pair_name, acceptance = args.target.name, ACCEPTANCE_PLAIN
-    cfg = EngineConfig(n_ctx=1024, n_threads=args.threads, kv_type="f16", prompt_cache=False)
+    layers = ALL_LAYERS if args.device == "cuda" else 0
+    if layers and not gpu_available():
+        ap.error("--device cuda: this build of the wheel has no CUDA, or no GPU is present")
+    cfg = EngineConfig(n_ctx=1024, n_threads=args.threads, kv_type="f16", prompt_cache=False,
+                       n_gpu_layers=layers, n_gpu_layers_draft=layers)
     texts = assets.read_prompts(assets.CODE_PROMPTS)
-    target = Model(pair.target.path)
-    drafter = Model(pair.drafter.path) if pair.drafter is not None else None
+    target = Model(pair.target.path, n_gpu_layers=layers)
+    drafter = Model(pair.drafter.path, n_gpu_layers=layers) if pair.drafter is not None else None
     prompts = [target.tokenize(texts[i % len(texts)])[:args.prompt_tokens or None] for i in range(args.requests)]
     batched = {c: make_engine(target, pair, cfg, c, min(args.lanes, c), drafter) for c in args.streams}
     separate_depths = args.depths if args.separate_depths is None else args.separate_depths
@@ -266,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                        "outputs_equal_alone": exact, "held": ratio >= bar and exact}
         auto = auto_verdicts(table, args.streams, args.depths)
         result = {"command": command_line(__file__, argv), "cpu": cpu_facts(), "threads": args.threads, "lanes": args.lanes,
+                  "device": args.device,
                   "requests": args.requests, "n_predict": args.n_predict, "depths": list(args.depths), "prompt_tokens": args.prompt_tokens,
                   "repeats": args.repeats, "repeats_done": done,
                   "pair": pair_name, "target": Path(pair.target.path).name,
@@ -351,7 +360,8 @@ def plot(result: dict, png: Path) -> None:
     axes[0].legend(fontsize=8)
     cpu = result["cpu"]
     what = "bundled code pair" if result["pair"] == "code" else result["target"]
-    fig.suptitle(f"{what}, -t {result['threads']}, {result['requests']} x {result['n_predict']} tokens, "
+    where = "both models on the GPU" if result.get("device") == "cuda" else f"-t {result['threads']}"
+    fig.suptitle(f"{what}, {where}, {result['requests']} x {result['n_predict']} tokens, "
                  f"{cpu['model']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
