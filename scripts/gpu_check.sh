@@ -7,10 +7,12 @@
 #   4 invariance  scripts/investigate/batch_invariance.py: a row's logits alone vs in a batch, on the GPU
 #   5 capture   scripts/bench/bench_capture.py: a plain step with and without hidden-state capture
 #   6 concurrency  scripts/bench/bench_concurrency.py on the GPU: batched slots against one at a time
-#   7 suite     the whole test suite against the CUDA build
-#   8 sweep     laguna-run bench --sweep with both models on the GPU (JSON + PNG)
-#   9 record    scripts/bench/record_acceptance.py: the GPU's clock for the tuner replay
-#  10 autotune  scripts/bench/bench_autotune.py on the GPU (code and the degraded drafter)
+#   7 xs        the same with the XS-width target (built there), plain decoding
+#   8 profile   scripts/investigate/profile_rounds.py: where a batched round's time goes, 1, 2 and 4 streams
+#   9 suite     the whole test suite against the CUDA build
+#  10 sweep     laguna-run bench --sweep with both models on the GPU (JSON + PNG)
+#  11 record    scripts/bench/record_acceptance.py: the GPU's clock for the tuner replay
+#  12 autotune  scripts/bench/bench_autotune.py on the GPU (code and the degraded drafter)
 # Each stage's log, and the JSON and PNG files, go to $OUT (default gpu-out/); summary.txt
 # holds each stage's exit status and seconds. Stages start only while the deadline allows,
 # and only those GPU_CHECK_STAGES names (default: all).
@@ -24,7 +26,7 @@ bundle=${GPU_BUNDLE:-.gpu}
 out=${OUT:-gpu-out}
 py=${PYTHON:-python3}
 deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-480}))
-stages=" ${GPU_CHECK_STAGES:-cuda offload invariance capture concurrency suite sweep record autotune} "
+stages=" ${GPU_CHECK_STAGES:-cuda offload invariance capture concurrency xs profile suite sweep record autotune} "
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LAGUNA_DFLASH_CACHE=${LAGUNA_DFLASH_CACHE:-/tmp/laguna-dflash-cache}
 
@@ -116,6 +118,13 @@ stage invariance 90 "$py" -m scripts.investigate.batch_invariance --device cuda 
 stage capture 30 "$py" -m scripts.bench.bench_capture --device cuda --json "$out/capture-cuda.json"
 stage concurrency 200 "$py" -m scripts.bench.bench_concurrency --device cuda ${CONCURRENCY_ARGS:-} \
     --json "$out/concurrency-cuda.json" --png "$out/concurrency-cuda.png"
+# the XS-width target (real widths, 5 layers, Q4_K_M): built there (the files are GBs), plain decoding
+stage xs 330 bash -c '"$1" -m scripts.bench.bench_cost_model --build-only --threads 0 && \
+    "$1" -m scripts.bench.bench_concurrency --device cuda --depths 0 --streams 1,4 ${XS_ARGS:-} \
+        --target "$(ls "$LAGUNA_DFLASH_CACHE"/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf | head -n 1)" \
+        --json "$2/concurrency-xs-cuda.json" --png "$2/concurrency-xs-cuda.png"' xs "$py" "$out"
+stage profile 90 bash -c 'for c in 1 2 4; do "$1" -m scripts.investigate.profile_rounds --device cuda --streams $c \
+    --depth 4 --top 25 --out "$2/profile-c$c-d4.txt" || exit; done' profile "$py" "$out"
 stage suite 200 "$py" -m pytest -q -p no:cacheprovider tests
 stage sweep 120 "$py" -m laguna_dflash.runtime.cli bench --sweep --device cuda -n 64 --json "$out/sweep-cuda.json" --png "$out/sweep-cuda.png"
 stage record 150 "$py" -m scripts.bench.record_acceptance --device cuda --lengths-from tests/fixtures/recordings/replay.json \

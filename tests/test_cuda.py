@@ -143,7 +143,13 @@ def test_offloaded_greedy_speculative_equals_plain_greedy_up_to_near_ties(tiny_t
 
 
 def test_bundled_pair_on_the_gpu_follows_plain_greedy_up_to_near_ties():
-    """Q8_0 target and drafter, F16 cache: what `laguna-run` runs by default on a GPU."""
+    """Q8_0 target and drafter, F16 cache: what `laguna-run` runs by default on a GPU.
+
+    Every fixed depth drafts and accepts on every prompt. ``auto`` must draft on some prompt (else
+    its check here is empty), not on each: where the GPU's rounds make drafting barely pay, it may
+    keep a prompt plain (on an H100 a depth-4 round cost 3.4 plain steps and ``auto`` kept one of
+    these prompts plain, while in the concurrency run it beat depth 4; docs/results/gpu/README.md,
+    run 7)."""
     from laguna_dflash.runtime import assets
 
     target, drafter = assets.default_pair(None)
@@ -152,6 +158,7 @@ def test_bundled_pair_on_the_gpu_follows_plain_greedy_up_to_near_ties():
     with Engine.load(target, drafter, cfg) as eng:
         # the CUDA backend replays graphs: the tuner prices switches of shape, capture stays on
         assert eng.graph_replay and eng.drafter.keep_capture and eng.policy("auto").graph_replay
+        auto_accepted = []
         for text in prompts:
             tokens = eng.tokenize(text)
             plain = eng.generate(tokens, GenerateOptions(n_predict=64, n_max=0))
@@ -159,7 +166,13 @@ def test_bundled_pair_on_the_gpu_follows_plain_greedy_up_to_near_ties():
             for depth in (2, 4, 15, "auto"):
                 spec = eng.generate(tokens, GenerateOptions(n_predict=64, n_max=depth))
                 assert_equal_up_to_a_near_tie(spec.tokens, plain.tokens, top2, f"n_max {depth}")
-                assert spec.stats.accepted > 0
+                if depth == "auto":
+                    auto_accepted.append(spec.stats.accepted)
+                    print(f"auto: {spec.stats.accepted} accepted of {spec.stats.drafted} drafted, "
+                          f"round costs {spec.stats.policy.get('round_cost_ms')}")
+                else:
+                    assert spec.stats.accepted > 0, f"n_max {depth}"
+        assert sum(auto_accepted) > 0, f"auto accepted {auto_accepted} over {len(prompts)} prompts"
 
 
 @pytest.mark.parametrize("lanes", [1, 2])
