@@ -12,7 +12,8 @@ sequence still with its own KV stream) on an equal share of the threads, and eac
 its rounds back to back in its own thread, never waiting for another lane's round: a lane's
 ``auto`` then times and plans its own passes, which cost what they cost whatever the other
 lanes draft. On a target whose operations are large enough to split (real Laguna widths), one
-lane of all the threads is faster: lanes are the server's ``--lanes``, 1 unless asked for.
+lane of all the threads is faster: lanes are the server's ``--lanes``, 1 on a CPU unless
+asked for (:func:`default_lanes`: one per slot on a GPU).
 
 Slot ``g`` lives in lane ``g % lanes``, so slots taken lowest first spread over the lanes. A
 sequence's greedy output does not depend on its lane (each lane is a BatchEngine, whose
@@ -33,7 +34,19 @@ from .llama import Model
 from .open_pair import PairFiles, open_models
 from .request import GenerateOptions, PairLimits
 
-__all__ = ["LanedEngine", "lane_threads", "make_engine"]
+__all__ = ["LanedEngine", "default_lanes", "lane_threads", "make_engine"]
+
+
+def default_lanes(parallel: int, target_device: str) -> int:
+    """The server's lanes unless asked: one per slot for a target on a GPU, else 1.
+
+    On a GPU the host launches a pass's kernels one by one, from one thread per context, and
+    a batched pass of several sequences changes shape from round to round, so it runs without
+    the CUDA graph a steady shape replays; lanes of one slot each keep one shape per lane
+    (measured on an H100: the bundled pair at depth 4, 4 streams 2.6x one stream in 4 lanes
+    against about 1.1x in one; the XS-width target, plain, alike either way:
+    docs/results/gpu/README.md, run 8)."""
+    return parallel if target_device == "cuda" else 1
 
 
 def lane_threads(n_threads: int, lanes: int) -> list[int]:

@@ -288,8 +288,10 @@ SERVER = Group(
           "of -c tokens, decoded together in one target pass per round.", int, 1, lo=1, hi=MAX_SEQ),
     Param("lanes", ("--lanes",), "Split the slots into this many lanes, each with its own target context and "
           "an equal share of -t threads, whose passes run at the same time. For a small target (the bundled "
-          "pairs) whose one pass cannot keep two threads busy; a real Laguna target's pass can, and keeps 1.",
-          int, 1, lo=1, hi=MAX_SEQ),
+          "pairs) whose one pass cannot keep two threads busy; a real Laguna target's pass can, and keeps 1. "
+          "Default: 1 with the target on the CPU, one lane per slot with it on a GPU (where a pass is "
+          "launched by one host thread).",
+          int, None, lo=1, hi=MAX_SEQ),
     Param("max_queue", ("--max-queue",), "Requests that may wait for a slot (first in, first out); one more "
           "gets 503.", int, 16, lo=0, hi=MAX_SIZE),
     Param("max_body_bytes", ("--max-body-bytes",), "Largest request body in bytes; a larger one is answered 413 "

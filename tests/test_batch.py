@@ -18,7 +18,7 @@ from helpers.synthetic import built_xs_q4_K_M
 from laguna_dflash.runtime import assets
 from laguna_dflash.runtime.batch import EXACT_PASS_ROWS, BatchEngine, pass_rows_bound
 from laguna_dflash.runtime.engine import EngineConfig, GenerateOptions
-from laguna_dflash.runtime.lanes import LanedEngine, lane_threads
+from laguna_dflash.runtime.lanes import LanedEngine, default_lanes, lane_threads
 from laguna_dflash.runtime.open_pair import resolve_pair
 from laguna_dflash.runtime.sampling import SamplingParams
 
@@ -205,6 +205,11 @@ def test_lane_threads_share_the_threads_at_least_one_each():
     assert lane_threads(1, 3) == [1, 1, 1]
     with pytest.raises(ValueError):
         lane_threads(2, 0)
+
+
+def test_the_server_runs_one_lane_on_a_cpu_and_one_per_slot_on_a_gpu():
+    assert [default_lanes(n, "cpu") for n in (1, 4)] == [1, 1]
+    assert [default_lanes(n, "cuda") for n in (1, 4)] == [1, 4]
 
 
 def test_a_long_prompt_is_prefilled_in_parts_between_the_others_rounds(pair):

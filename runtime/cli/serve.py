@@ -84,7 +84,7 @@ def serve(
     flags.check()
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key: expected a non-empty key, found ''")
-    if lanes > parallel:
+    if lanes is not None and lanes > parallel:
         raise UserError(f"--lanes: expected at most --parallel ({parallel}), found {lanes}")
     if alias is not None and not alias.strip():
         raise UserError("--alias: expected a non-empty model id, found ''")
@@ -108,10 +108,13 @@ def serve(
     from ..llama import LlamaError
     from ..server.app import ServerSettings, create_app
     from ..server.guards import GracefulServer
+    from ..lanes import default_lanes
     from ..server.pool import load_pool
 
     cfg, placement = engine_config(flags, prompt_cache=not no_prompt_cache)
     cfg.ctx_checkpoints = ctx_checkpoints
+    if lanes is None:
+        lanes = default_lanes(parallel, placement.target_device)
     sock = bind(host, port)
     try:
         try:
