@@ -124,7 +124,7 @@ stage xs 330 bash -c '"$1" -m scripts.bench.bench_cost_model --build-only --thre
         --target "$(ls "$LAGUNA_DFLASH_CACHE"/costmodel/*/laguna-xs-shapes-L5-Q4_K_M.gguf | head -n 1)" \
         --json "$2/concurrency-xs-cuda.json" --png "$2/concurrency-xs-cuda.png"' xs "$py" "$out"
 stage profile 90 bash -c 'for c in 1 2 4; do "$1" -m scripts.investigate.profile_rounds --device cuda --streams $c \
-    --depth 4 --top 25 --out "$2/profile-c$c-d4.txt" || exit; done' profile "$py" "$out"
+    --depth 4 --top 25 --json "$2/profile-c$c-d4.json" || exit; done' profile "$py" "$out"
 stage suite 200 "$py" -m pytest -q -p no:cacheprovider tests
 stage sweep 120 "$py" -m laguna_dflash.runtime.cli bench --sweep --device cuda -n 64 --json "$out/sweep-cuda.json" --png "$out/sweep-cuda.png"
 stage record 150 "$py" -m scripts.bench.record_acceptance --device cuda --lengths-from tests/fixtures/recordings/replay.json \

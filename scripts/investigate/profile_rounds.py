@@ -3,10 +3,11 @@
 bundled code pair decoding at ``--depth`` in one BatchEngine, after an untimed warm-up, with the
 time inside each target decode and each drafter pass summed apart.
 
-    python -m scripts.investigate.profile_rounds --device cuda --streams 2 --depth 4 --out profile.txt
+    python -m scripts.investigate.profile_rounds --device cuda --streams 2 --depth 4 --json profile.json
 
 On a GPU, ``llama_decode`` queues work and a logits or capture read waits for it, so the profile's
-``logits``/``capture`` rows carry the GPU's time and ``decode`` rows the launches.
+``logits``/``capture`` rows carry the GPU's time and ``decode`` rows the launches. The JSON holds
+the run's figures and the ``--top`` functions by own time and by cumulative time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import pstats
 import time
 from pathlib import Path
 
+from scripts.recorded import command_line, write_json
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -28,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-predict", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=30)
-    ap.add_argument("--out", type=Path, help="the profile's text (also printed)")
+    ap.add_argument("--json", type=Path, help="the run's figures and top functions")
     args = ap.parse_args(argv)
 
     from laguna_dflash.runtime import assets
@@ -58,12 +61,19 @@ def main(argv: list[str] | None = None) -> int:
             f"({tokens / wall:.0f} tok/s), {sum(r.stats.rounds for r in results)} sequence-rounds "
             f"(longest sequence {rounds})\n")
     text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text)
     for key in ("tottime", "cumulative"):
-        pstats.Stats(prof, stream=text).sort_stats(key).print_stats(args.top)
-    report = head + text.getvalue()
-    print(report)
-    if args.out:
-        args.out.write_text(report)
+        stats.sort_stats(key).print_stats(args.top)
+    print(head + text.getvalue())
+    if args.json:
+        rows = [{"function": f"{path}:{line}({name})", "calls": nc, "own_s": tt, "cumulative_s": ct}
+                for (path, line, name), (_, nc, tt, ct, _) in stats.stats.items()]
+        write_json(args.json, {
+            "command": command_line(__file__, argv), "device": args.device, "streams": args.streams,
+            "depth": args.depth, "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
+            "sequence_rounds": sum(r.stats.rounds for r in results),
+            "by_own_time": sorted(rows, key=lambda r: -r["own_s"])[:args.top],
+            "by_cumulative_time": sorted(rows, key=lambda r: -r["cumulative_s"])[:args.top]})
     return 0
 
 
