@@ -24,6 +24,7 @@ once any lane ends a round.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 
@@ -75,6 +76,7 @@ class LanedEngine:
         self._rounds = 0  # rounds ended in all lanes
         self._error: BaseException | None = None  # what stopped a lane's thread
         self._round_locks = [threading.Lock() for _ in range(lanes)]  # held by a lane through its round
+        self._waiting = [0] * lanes  # callers waiting for a lane to end its round (_between_rounds)
         self._threads: list[threading.Thread] = []
         threads = lane_threads(threads_for_run(cfg.n_threads), lanes)
         self.lanes: list[BatchEngine] = []
@@ -118,7 +120,7 @@ class LanedEngine:
         lane, lock = self.lanes[k], self._round_locks[k]
         while True:
             with self._changed:
-                while not self._closed and not lane.running:
+                while not self._closed and (not lane.running or self._waiting[k]):
                     self._changed.wait()
                 if self._closed:
                     return
@@ -191,19 +193,33 @@ class LanedEngine:
         with self._changed:
             return sum(lane.running for lane in self.lanes) + len(self._ended)
 
+    @contextlib.contextmanager
+    def _between_rounds(self, k: int):
+        """Hold lane ``k`` between two of its rounds. Its thread starts no round while a caller
+        waits here: a lock alone lets the thread that releases it take it again first, and a
+        lane's thread ran round after round while a start waited (a new sequence joined its lane
+        only once the other one there had ended)."""
+        with self._changed:
+            self._waiting[k] += 1
+        try:
+            with self._round_locks[k]:
+                yield
+        finally:
+            with self._changed:
+                self._waiting[k] -= 1
+                self._changed.notify_all()
+
     def start(self, slot: int, prompt: str | list[int], options: GenerateOptions | None = None) -> None:
         refuse_closed(self._closed, self.target)
         lane, i = self._where(slot)
-        with self._round_locks[slot % self.n_lanes]:
+        with self._between_rounds(slot % self.n_lanes):
             lane.start(i, prompt, options)
-        with self._changed:
-            self._changed.notify_all()
 
     def cancel(self, slot: int) -> Finished | None:
         """End a slot's generation now; None when it was idle. A generation that ended in a
         round :meth:`step` has not returned yet is returned here instead, and not by step()."""
         lane, i = self._where(slot)
-        with self._round_locks[slot % self.n_lanes]:
+        with self._between_rounds(slot % self.n_lanes):
             fin = lane.cancel(i)
             if fin is not None:
                 return self._global(slot % self.n_lanes, fin)

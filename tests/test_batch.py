@@ -170,6 +170,25 @@ def test_lanes_decode_their_own_sequences_at_once_each_on_its_share_of_threads(p
     assert overlaps >= 5, "the lanes' decodes did not run at the same time"
 
 
+def test_a_sequence_started_in_a_busy_lane_joins_it_at_its_next_round(pair):
+    """Starting a slot waits for its lane's round in progress, not for the lane's other sequence
+    to end: the lane's thread runs no further round while a start waits."""
+    with LanedEngine.open(pair, EngineConfig(**{**CONFIG, "n_threads": 2}), n_seq=4, lanes=2) as engine:
+        lane = engine.lanes[0]
+        rounds = []
+        real_step = lane.step
+        lane.step = lambda: rounds.append(1) or real_step()
+        engine.start(0, PROMPTS[0][:60], GenerateOptions(n_predict=200, n_max=3))
+        while len(rounds) < 5:  # the lane's thread runs slot 0's rounds back to back
+            engine.step()
+        for attempt in range(5):
+            before = len(rounds)
+            engine.start(2, PROMPTS[1][:60], GenerateOptions(n_predict=200, n_max=3))
+            assert len(rounds) - before <= 1, f"start {attempt} waited {len(rounds) - before} rounds of its lane"
+            assert engine.busy(0) and engine.busy(2)
+            engine.cancel(2)
+
+
 def test_closing_lanes_mid_generation_stops_their_threads(pair):
     engine = LanedEngine.open(pair, EngineConfig(**{**CONFIG, "n_threads": 2}), n_seq=2, lanes=2)
     for slot in range(2):
