@@ -226,6 +226,25 @@ def test_lane_threads_share_the_threads_at_least_one_each():
         lane_threads(2, 0)
 
 
+def test_a_pass_of_a_new_shape_is_a_round_but_not_a_cost(pair, monkeypatch):
+    """The first pass of a shape (rows per sequence, captured layers) rebuilds the target's graph
+    and may carry a drafter's catch-up: its time is no sample of its depth's cost, while the
+    passes that repeat the last one's shape are."""
+    from laguna_dflash.runtime import llama
+
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=2) as engine:
+        passes, observed = [], []
+        real_decode, real_observe = llama.Context.decode_seqs, engine.planner.observe
+        monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: passes.append(
+            (tuple(len(t) for _, t, _, _ in parts), frozenset(engine._captured))) or real_decode(self, parts))
+        monkeypatch.setattr(engine.planner, "observe", lambda d, rows, t, timed=True, settled=True: observed.append(
+            (passes[-1], passes[-2] if len(passes) > 1 else None, timed, settled)) or real_observe(d, rows, t, timed, settled))
+        engine.generate_all([PROMPTS[0][:80], PROMPTS[1][:80]], GenerateOptions(n_predict=48, n_max="auto"))
+    decoding = [(now, last, settled) for now, last, timed, settled in observed if timed]
+    assert any(not settled for *_, settled in decoding) and any(settled for *_, settled in decoding)
+    assert all(settled == (now == last) for now, last, settled in decoding)
+
+
 def test_the_server_runs_one_lane_on_a_cpu_and_one_per_slot_on_a_gpu():
     assert [default_lanes(n, "cpu") for n in (1, 4)] == [1, 1]
     assert [default_lanes(n, "cuda") for n in (1, 4)] == [1, 4]
@@ -300,8 +319,8 @@ def test_a_prompt_that_ends_joins_one_plan_with_the_decoding_sequences(pair, mon
         real_plan, real_observe = engine.planner.plan, engine.planner.observe
         monkeypatch.setattr(engine.planner, "plan", lambda ids, rows, ctx, deepest: plans.append(list(ids))
                             or real_plan(ids, rows, ctx, deepest))
-        monkeypatch.setattr(engine.planner, "observe", lambda d, rows, t, timed=True: observed.append((sorted(d), timed))
-                            or real_observe(d, rows, t, timed))
+        monkeypatch.setattr(engine.planner, "observe", lambda d, rows, t, timed=True, **kw: observed.append((sorted(d), timed))
+                            or real_observe(d, rows, t, timed, **kw))
         opts = GenerateOptions(n_predict=40, n_max="auto")
         engine.start(0, PROMPTS[0][:80], opts)
         engine.start(1, PROMPTS[1][:80], opts)

@@ -80,6 +80,11 @@ class PassDepth(AutoDepth):
         self.n = n
         self.accept = PassAcceptance(max_depth)
 
+    def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0, settled: bool = True) -> None:
+        if not settled:
+            self._timed = False
+        super().observe(depth, accepted, t_round, t_catchup)
+
 
 class SlotDepth(DepthPolicy):
     """One sequence's policy under a planner: it plays the depth the last plan gave it and keeps
@@ -178,15 +183,18 @@ class BatchPlanner:
                 pd.costs.add(depth, cost * pd.n / near.n)
         pd.start_at(min(near.best, pd.max_depth))
 
-    def observe(self, depths: dict[int, int], other_rows: int, seconds: float, timed: bool = True) -> None:
+    def observe(self, depths: dict[int, int], other_rows: int, seconds: float, timed: bool = True,
+                settled: bool = True) -> None:
         """The pass of the last plan ran: ``depths`` per participating sequence as decoded (a
         sequence may cut its depth at its end), in ``seconds`` of wall time. A pass of other
         participants than planned, ``timed`` False (it prefilled too), or of unequal depths (it
-        ran in several microbatches) says nothing of costs."""
+        ran in several microbatches) says nothing of costs. One not ``settled`` (the first of
+        its shape, which rebuilt the target's graph) is a round of its pass's policy whose time
+        is not its depth's cost."""
         pd, planned = self.current, self._planned
         if pd is None or planned is None:
             return
         self._planned = None
         if not timed or (tuple(sorted(depths)), other_rows) != planned or len(set(depths.values())) > 1:
             return
-        pd.observe(next(iter(depths.values())), 0, seconds)
+        pd.observe(next(iter(depths.values())), 0, seconds, settled=settled)
