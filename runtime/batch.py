@@ -35,7 +35,7 @@ from ..convert.gguf.rules import read_header_cached
 from ..convert.gguf.specs import TargetSpec
 from .drafter import Drafter
 from .engine import EngineConfig, GenerationResult, one_sequence_params, refuse_closed, target_flash_attn
-from .llama import Context, ContextParams, LlamaError, Model, SeqView, cpu_backend_features
+from .llama import Context, ContextParams, LlamaError, Model, SeqView, cpu_backend_features, gpu_offload_supported
 from .open_pair import PairFiles, open_models
 from .prompt_cache import PromptCache
 from .request import GenerateOptions, PairLimits, check_context
@@ -187,8 +187,12 @@ class BatchEngine:
         self._prompt_turn = True
         self._captured: set[int] = set()
         self.max_pass_rows = pass_rows_bound(pair.target)  # None: any
+        # a GPU backend replays the graph of the last batch shape, as in Engine: the planner
+        # prices changes of shape and capture stays on (a switch costs more than capturing)
+        self.graph_replay = target.n_gpu_layers > 0 and gpu_offload_supported()
         # ``auto`` chooses every round's depths for the whole pass (runtime/tuner/batch.py)
-        self.planner = BatchPlanner(pair.drafter.max_draft, pair.drafter.sliding_window) if pair.drafter is not None else None
+        self.planner = BatchPlanner(pair.drafter.max_draft, pair.drafter.sliding_window, self.graph_replay) \
+            if pair.drafter is not None else None
         self._t_pass = 0.0  # when the last pass's decode ended: a pass is timed from there to its own end
         self._after_prompt = False  # whether the last pass was a prompt's
         self._last_shape: tuple = ()  # the last pass's rows per sequence and captured layers
@@ -202,6 +206,7 @@ class BatchEngine:
                     drafter = Drafter(pair.drafter.path, view, n_gpu_layers=cfg.n_gpu_layers_draft,
                                       kv_type=cfg.kv_type, n_threads=self.ctx.n_threads, spec=pair.drafter,
                                       check_target=False, model=drafter_model)
+                    drafter.keep_capture = self.graph_replay
                     drafter.enable_capture()
                 self.slots.append(_Slot(i, self, view, drafter))
         except BaseException:
@@ -424,7 +429,8 @@ class BatchEngine:
         fixed_rows = sum(1 + (min(s.opts.n_max, deepest) if s.drafter is not None and isinstance(s.opts.n_max, int)
                               else 0) for s in next_pass if not s.auto)
         context = sum(s.rows.pos0 + len(s.rows.tokens) for s in participants)
-        self.planner.plan([s.index for s in participants], fixed_rows, context, deepest)
+        self.planner.plan([s.index for s in participants], fixed_rows, context, deepest,
+                          begins=any(s.index in ending for s in participants))
 
     def _switch_capture(self, rnd: _Round) -> None:
         """The target captures the layers any sequence of this round wants; switched only on a

@@ -245,6 +245,21 @@ def test_a_pass_of_a_new_shape_is_a_round_but_not_a_cost(pair, monkeypatch):
     assert all(settled == (now == last) for now, last, settled in decoding)
 
 
+def test_on_a_gpu_the_batched_engine_keeps_capture_on_and_plans_for_replayed_graphs(pair, monkeypatch):
+    """As Engine does on a GPU: the planner prices changes of shape (runtime/tuner/batch.py) and
+    the drafters keep capture on; on the CPU neither."""
+    from laguna_dflash.runtime import batch
+    from laguna_dflash.runtime.llama import Model
+    from laguna_dflash.runtime.placement import ALL_LAYERS
+
+    for on_gpu in (False, True):
+        monkeypatch.setattr(batch, "gpu_offload_supported", lambda: on_gpu)
+        with Model(pair.target.path, n_gpu_layers=ALL_LAYERS) as target:  # a CPU build keeps them here
+            with BatchEngine(target, pair, EngineConfig(**CONFIG), n_seq=2) as engine:
+                assert engine.graph_replay == engine.planner.graph_replay == on_gpu
+                assert [s.drafter.keep_capture for s in engine.slots] == [on_gpu, on_gpu]
+
+
 def test_the_server_runs_one_lane_on_a_cpu_and_one_per_slot_on_a_gpu():
     assert [default_lanes(n, "cpu") for n in (1, 4)] == [1, 1]
     assert [default_lanes(n, "cuda") for n in (1, 4)] == [1, 4]
@@ -317,8 +332,8 @@ def test_a_prompt_that_ends_joins_one_plan_with_the_decoding_sequences(pair, mon
     with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=3) as engine:
         plans, observed = [], []
         real_plan, real_observe = engine.planner.plan, engine.planner.observe
-        monkeypatch.setattr(engine.planner, "plan", lambda ids, rows, ctx, deepest: plans.append(list(ids))
-                            or real_plan(ids, rows, ctx, deepest))
+        monkeypatch.setattr(engine.planner, "plan", lambda ids, rows, ctx, deepest, **kw: plans.append(list(ids))
+                            or real_plan(ids, rows, ctx, deepest, **kw))
         monkeypatch.setattr(engine.planner, "observe", lambda d, rows, t, timed=True, **kw: observed.append((sorted(d), timed))
                             or real_observe(d, rows, t, timed, **kw))
         opts = GenerateOptions(n_predict=40, n_max="auto")

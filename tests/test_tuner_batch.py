@@ -189,3 +189,31 @@ def test_a_plan_never_drafts_deeper_than_the_pass_bound():
             planner.observe(dict(enumerate(depths)), 0, 0.01)
         assert max(seen) == deepest, (n, seen)
     assert BatchPlanner(max_depth=15).plan(list(range(17)), 0, 100, deepest=0) == [0] * 17
+
+
+def test_on_a_gpu_one_sequence_plans_as_its_own_gpu_tuner_does():
+    """With graphs replayed (a GPU: runtime/batch.py passes ``graph_replay``), one sequence's
+    pass is planned by AutoDepth's GPU rules, round by round."""
+    rec = recording()
+    prompts = [prompt_order(rec.workloads["code"], 3)]
+    planner = BatchPlanner(rec.max_depth, rec.window, graph_replay=True)
+    a = replay_batch([planner.slot(0)], CLOCK, prompts, rec.n_predict, rec.noise_quantiles, 1, planner=planner)
+    b = replay_batch([AutoDepth(rec.max_depth, window=rec.window, graph_replay=True)], CLOCK, prompts,
+                     rec.n_predict, rec.noise_quantiles, 1)
+    assert a.depths == b.depths and a.rounds > 200
+    assert a.depths != replay_batch([AutoDepth(rec.max_depth, window=rec.window)], CLOCK, prompts, rec.n_predict,
+                                    rec.noise_quantiles, 1).depths
+
+
+def test_a_pass_where_a_sequence_begins_tells_its_gpu_tuner():
+    """On a GPU a sequence's first pass after its prompt changes shape anyway, so its depth may
+    change there freely (AutoDepth.sequence_begins): the planner passes that on."""
+    planner = BatchPlanner(max_depth=8, window=512, graph_replay=True)
+    planner.plan([0], other_rows=0, context=200)
+    pd = planner.current
+    for _ in range(5):
+        planner.observe({0: planner.slot(0).choose()}, other_rows=0, seconds=2e-3)
+        planner.plan([0], other_rows=0, context=200)
+    assert pd._seq_rounds == 5
+    planner.plan([0], other_rows=0, context=200, begins=True)
+    assert pd._seq_rounds == 0 and pd._seq_lengths[-1] > 0

@@ -33,6 +33,9 @@ batch are planned before any pass was timed. A pass that also prefilled a prompt
 sequences were not those planned, or where a sequence cut its depth at its end, is not timed.
 ``plan(..., deepest=d)`` never gives a sequence more than ``d`` drafts (the engine's bound on a
 pass's rows, runtime/batch.py); a pass first planned under it chooses among depths ``0..d``.
+On a backend that replays graphs (``graph_replay``: a GPU) each pass's policy follows
+AutoDepth's GPU rules, and ``plan(..., begins=True)`` tells it that a sequence's first pass
+after its prompt is among the participants, where the shape changes anyway.
 """
 
 from __future__ import annotations
@@ -75,8 +78,8 @@ class PassAcceptance:
 class PassDepth(AutoDepth):
     """:class:`AutoDepth` over the depth every sequence of a pass of ``n`` drafts."""
 
-    def __init__(self, n: int, max_depth: int, window: int = 0) -> None:
-        super().__init__(max_depth, window=window)
+    def __init__(self, n: int, max_depth: int, window: int = 0, graph_replay: bool = False) -> None:
+        super().__init__(max_depth, window=window, graph_replay=graph_replay)
         self.n = n
         self.accept = PassAcceptance(max_depth)
 
@@ -127,8 +130,8 @@ class SlotDepth(DepthPolicy):
 class BatchPlanner:
     """The depths of every ``auto`` sequence of a batch, one plan per pass (module docstring)."""
 
-    def __init__(self, max_depth: int, window: int = 0) -> None:
-        self.max_depth, self.window = max_depth, window
+    def __init__(self, max_depth: int, window: int = 0, graph_replay: bool = False) -> None:
+        self.max_depth, self.window, self.graph_replay = max_depth, window, graph_replay
         self.passes: dict[tuple[int, int], PassDepth] = {}
         self._slots: dict[int, SlotDepth] = {}
         self.current: PassDepth | None = None
@@ -140,10 +143,12 @@ class BatchPlanner:
             self._slots[index] = SlotDepth(self, index)
         return self._slots[index]
 
-    def plan(self, participants: list[int], other_rows: int, context: int, deepest: int | None = None) -> list[int]:
+    def plan(self, participants: list[int], other_rows: int, context: int, deepest: int | None = None,
+             begins: bool = False) -> list[int]:
         """Depths for the next pass of ``participants`` (sequence indices), beside ``other_rows``
         rows of other sequences, with ``context`` positions in all their caches, none deeper
-        than ``deepest`` (None: the drafter's deepest)."""
+        than ``deepest`` (None: the drafter's deepest); ``begins``: a sequence's first pass after
+        its prompt is among them, where the shape changes anyway (AutoDepth.sequence_begins)."""
         participants = sorted(participants)
         deepest = self.max_depth if deepest is None else min(deepest, self.max_depth)
         if not participants or deepest <= 0:  # nothing to choose: plain steps
@@ -155,7 +160,9 @@ class BatchPlanner:
         pd = self.passes.get(key)
         fresh = pd is None
         if fresh:
-            pd = self.passes[key] = PassDepth(len(participants), deepest, self.window)
+            pd = self.passes[key] = PassDepth(len(participants), deepest, self.window, self.graph_replay)
+        if begins:
+            pd.sequence_begins()
         slots = [self.slot(i) for i in participants]
         pd.accept.slots = slots
         pd.context(context)
