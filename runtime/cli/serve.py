@@ -105,10 +105,10 @@ def serve(
 
     import uvicorn
 
+    from ..lanes import default_lanes
     from ..llama import LlamaError
     from ..server.app import ServerSettings, create_app
     from ..server.guards import GracefulServer
-    from ..lanes import default_lanes
     from ..server.pool import load_pool
 
     cfg, placement = engine_config(flags, prompt_cache=not no_prompt_cache)
