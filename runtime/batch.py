@@ -36,7 +36,7 @@ from ..convert.gguf.specs import TargetSpec
 from .drafter import Drafter
 from .engine import EngineConfig, GenerationResult, one_sequence_params, refuse_closed, target_flash_attn
 from .llama import Context, ContextParams, LlamaError, Model, SeqView, cpu_backend_features, gpu_offload_supported
-from .open_pair import PairFiles, open_models
+from .open_pair import PairFiles, build_on_own_models
 from .prompt_cache import PromptCache
 from .request import GenerateOptions, PairLimits, check_context
 from .rounds import DepthPolicies, Generation, Rows, generation
@@ -217,15 +217,8 @@ class BatchEngine:
     def open(cls, pair: PairFiles, config: EngineConfig | None = None, n_seq: int = 1) -> "BatchEngine":
         """An engine over a resolved pair, with models of its own (closed with the engine)."""
         cfg = config or EngineConfig()
-        target, drafter_model = open_models(pair, cfg)
-        try:
-            engine = cls(target, pair, cfg, n_seq, drafter_model)
-        except BaseException:
-            for m in (drafter_model, target):
-                if m is not None:
-                    m.close()
-            raise
-        engine._owned = [m for m in (drafter_model, target) if m is not None]
+        engine, owned = build_on_own_models(pair, cfg, lambda t, d: cls(t, pair, cfg, n_seq, d))
+        engine._owned = owned
         return engine
 
     # ------------------------------------------------------------------ what a server reads

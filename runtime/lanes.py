@@ -32,7 +32,7 @@ from .batch import BatchEngine, Finished
 from .cores import threads_for_run
 from .engine import EngineConfig, GenerationResult, refuse_closed
 from .llama import Model
-from .open_pair import PairFiles, open_models
+from .open_pair import PairFiles, build_on_own_models
 from .request import GenerateOptions, PairLimits
 
 __all__ = ["LanedEngine", "default_lanes", "lane_threads", "make_engine"]
@@ -98,15 +98,8 @@ class LanedEngine:
              lanes: int = 2) -> "LanedEngine":
         """An engine over a resolved pair, with models of its own (closed with the engine)."""
         cfg = config or EngineConfig()
-        target, drafter_model = open_models(pair, cfg)
-        try:
-            engine = cls(target, pair, cfg, n_seq, lanes, drafter_model)
-        except BaseException:
-            for m in (drafter_model, target):
-                if m is not None:
-                    m.close()
-            raise
-        engine._owned = [m for m in (drafter_model, target) if m is not None]
+        engine, owned = build_on_own_models(pair, cfg, lambda t, d: cls(t, pair, cfg, n_seq, lanes, d))
+        engine._owned = owned
         return engine
 
     def _where(self, slot: int) -> tuple[BatchEngine, int]:

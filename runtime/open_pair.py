@@ -71,3 +71,17 @@ def open_models(pair: PairFiles, config, *, drafter: bool = True):
     except BaseException:
         target.close()
         raise
+
+
+def build_on_own_models(pair: PairFiles, config, build):
+    """``build(target, drafter_model)`` over models opened for ``pair`` (:func:`open_models`),
+    and those models, which the built engine then owns; they are closed if ``build`` fails."""
+    target, drafter_model = open_models(pair, config)
+    try:
+        built = build(target, drafter_model)
+    except BaseException:
+        for m in (drafter_model, target):
+            if m is not None:
+                m.close()
+        raise
+    return built, [m for m in (drafter_model, target) if m is not None]

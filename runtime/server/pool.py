@@ -25,7 +25,7 @@ from ..batch import BatchEngine, Finished
 from ..lanes import LanedEngine, make_engine
 from ..engine import EngineConfig, GenerateOptions
 from ..llama import Model
-from ..open_pair import PairFiles, open_models, resolve_pair
+from ..open_pair import PairFiles, build_on_own_models, resolve_pair
 from ..rpc import RpcError
 from .metrics import Metrics
 
@@ -390,14 +390,8 @@ def load_pool(target_path: str | Path, drafter_path: str | Path | None, config: 
     if parallel < 1:
         raise ValueError(f"parallel: expected >= 1, found {parallel}")
     pair = pair or resolve_pair(target_path, drafter_path)
-    target, drafter_model = open_models(pair, config)  # RPC servers: probed before any model loads
-    models = [m for m in (target, drafter_model) if m is not None]
-    try:
-        engine = make_engine(target, pair, config, parallel, lanes, drafter_model)
-    except BaseException:
-        for m in models:
-            m.close()
-        raise
+    # RPC servers: probed before any model loads
+    engine, models = build_on_own_models(pair, config, lambda t, d: make_engine(t, pair, config, parallel, lanes, d))
     pool = SlotPool(engine, max_queue, metrics)
     pool._owned_models = models
     return pool
