@@ -25,12 +25,19 @@ from .proposer import Proposer
 DEFAULT_CHECKPOINTS = SERVER["ctx_checkpoints"].default
 
 
+def first_seen(query: int, window: int) -> int:
+    """The first position a query at ``query`` sees through a sliding window of ``window``
+    (llama.cpp's standard window: a key at p is visible while query - p < window)."""
+    return max(0, query - window + 1)
+
+
 @dataclass
 class Checkpoint:
     """The sliding-window cells of positions [pos_min, len(tokens)) after ``tokens`` were
-    decoded: valid only for a sequence that starts with these tokens. llama.cpp writes only the
-    cells a later query can see, the last window's, so a checkpoint of a sequence longer than
-    the window restarts only a prompt that keeps all of its tokens."""
+    decoded: valid only for a sequence that starts with these tokens. It holds the cells a query
+    at the last prompt token's position sees, so a checkpoint of a sequence longer than the window
+    restarts a prompt that keeps all its tokens, the same prompt again among them (whose last
+    token is decoded again for its logits)."""
 
     tokens: np.ndarray
     pos_min: int
@@ -84,12 +91,12 @@ class PromptCache:
         self.tokens = []  # until this sequence completes, the caches hold no finished one
         self.restored = False
         if n_keep > 0 and window > 0:
-            # the target's sliding-window layers keep only the cells of a recent window; the
-            # first new query must see the positions after n_keep - window (llama-server's rule)
+            # the target's sliding-window layers keep only the cells of a recent window, which
+            # must hold every position the first new query (at n_keep) sees
             lo = ctx.pos_min()
             if lo < 0:
                 n_keep = 0
-            elif lo > max(0, n_keep - window):
+            elif lo > first_seen(n_keep, window):
                 n_keep = self._restore(prompt_tokens, n_keep, ctx, window)
                 self.restored = n_keep > 0
         # a checkpoint past the kept prefix holds cells of tokens this sequence replaces
@@ -111,11 +118,11 @@ class PromptCache:
         best, best_n = None, 0
         for c in self.checkpoints:
             n = min(n_keep, c.n)
-            if n > best_n and c.pos_min <= max(0, n - window) and np.array_equal(c.tokens[:n], prompt[:n]):
+            if n > best_n and c.pos_min <= first_seen(n, window) and np.array_equal(c.tokens[:n], prompt[:n]):
                 best, best_n = c, n
         if best is None or not ctx.restore_window(best.data):
             return 0
-        if not 0 <= ctx.pos_min() <= max(0, best_n - window):  # the cells it restored, not those predicted
+        if not 0 <= ctx.pos_min() <= first_seen(best_n, window):  # the cells it restored, not those predicted
             return 0
         # the full-attention layers hold the first n_keep positions of this prompt: the caller's
         # seq_rm cuts them, and the restored cells past best_n, to best_n
@@ -131,8 +138,9 @@ class PromptCache:
         data = ctx.save_window()
         if data is None:
             return
-        # the cells out of the window are left out of the copy (_restore checks what it restored)
-        pos_min = max(ctx.pos_min(), len(prompt_tokens) - window)
+        # what the copy is good for: the cells a query at the last prompt token sees (_restore
+        # checks what it restored)
+        pos_min = max(ctx.pos_min(), first_seen(len(prompt_tokens) - 1, window))
         self.checkpoints.append(Checkpoint(np.asarray(prompt_tokens, dtype=np.int32), pos_min, data))
         del self.checkpoints[:-self.max_checkpoints]
 

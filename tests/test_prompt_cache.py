@@ -204,6 +204,29 @@ def test_a_prompt_departing_before_the_ring_restarts_from_a_checkpoint(pair, n_m
         assert cached.prompt_cache.checkpoint_bytes > 0
 
 
+@pytest.mark.parametrize("n_max", [0, 4])
+def test_the_same_prompt_after_a_reply_past_the_window_restarts_from_its_checkpoint(pair, tiny_target, n_max):
+    """A request sent again (a client's retry, a regenerated reply) after a reply longer than the
+    window, whose cells the ring has overwritten, restarts from the checkpoint taken after its own
+    prefill: every token but the last kept (decoded again for its logits), the checkpoint holding
+    exactly the cells that token's query sees, and the tokens are a fresh engine's. So in the
+    server's one-slot engine too."""
+    target, drafter = pair
+    cached, fresh = engines(target, drafter, n_ctx=2048)
+    cfg = EngineConfig(n_ctx=2048, kv_type="f32", n_threads=1)
+    with cached, fresh, BatchEngine(target, resolve_pair(tiny_target["gguf"], drafter), cfg, n_seq=1) as batch:
+        a = [int(t) for t in np.random.default_rng(31).integers(16, 512, size=100)]  # its own: the run below has its length
+        opts = {"n_max": n_max, "n_predict": 320}
+        first = both(cached, fresh, a, drafts_as_fresh=False, **opts)
+        assert cached.ctx.pos_min() > len(a) - TARGET_WINDOW, "precondition: the ring overwrote the prompt's window"
+        again = both(cached, fresh, a, drafts_as_fresh=False, **opts)
+        assert again.stats.checkpoint and again.stats.n_cached == len(a) - 1
+        assert again.tokens == first.tokens
+        for kept, restored in ((0, False), (len(a) - 1, True)):
+            (res,) = batch.generate_all([a], GenerateOptions(**opts))
+            assert (res.stats.n_cached, res.stats.checkpoint, res.tokens) == (kept, restored, first.tokens)
+
+
 def test_without_checkpoints_the_same_prompt_is_prefilled_from_scratch(pair):
     """The control: with --ctx-checkpoints 0 the scenario above keeps nothing."""
     target, drafter = pair
