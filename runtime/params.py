@@ -303,6 +303,10 @@ SERVER = Group(
           "port can use the model).", bool, False),
     Param("no_prompt_cache", ("--no-prompt-cache",), "Prefill every prompt from scratch (no reuse of the last "
           "sequence's caches).", bool, False),
+    REQUEST["n_predict"].but(help="The most tokens a request may generate: a larger max_tokens is cut to it (the "
+                             "reply then ends with finish reason length), and a request without one generates at "
+                             "most this many (llama-server's -n). Default: up to the end of the context.",
+                             default=-1, lo=1, hi=MAX_SIZE, also=(-1, "up to the end of the context"), json=None),
     Param("ctx_checkpoints", ("--ctx-checkpoints",), "Context checkpoints per slot: copies of the sliding-window "
           "layers' cells taken after each prompt, from which a prompt that departs from the cached sequence "
           "more than a window before its end restarts, instead of from 0. Each holds one window's cells.",

@@ -260,6 +260,23 @@ def test_max_tokens_beyond_the_context_generates_until_it_is_full(srv):
                 assert out["usage"]["prompt_tokens"] == n_prompt
 
 
+def test_the_servers_n_predict_caps_every_request(models):
+    """serve -n N (llama-server's -n): a larger max_tokens is cut to N, and the reply ends as a
+    budget ends it ("length"; Messages: "max_tokens"); a request without one generates N; a
+    smaller one keeps its own. Without -n the same request generates its 40."""
+    target, path, drafter = models
+    body = {"prompt": "def fibonacci(n):", "temperature": 0}
+    with LiveServer(make_pool(target, path, drafter), n_predict=5) as s, httpx.Client(base_url=s.url, timeout=120) as h:
+        for extra, n in (({"max_tokens": 40}, 5), ({}, 5), ({"max_tokens": 3}, 3)):
+            out = h.post("/v1/completions", json={**body, **extra}).json()
+            assert (out["usage"]["completion_tokens"], out["choices"][0]["finish_reason"]) == (n, "length"), out
+        msg = h.post("/v1/messages", json={"model": "m", "max_tokens": 40, "messages": [
+            {"role": "user", "content": "Write a long Python module."}]}).json()
+        assert (msg["usage"]["output_tokens"], msg["stop_reason"]) == (5, "max_tokens"), msg
+    with LiveServer(make_pool(target, path, drafter)) as s, httpx.Client(base_url=s.url, timeout=120) as h:
+        assert h.post("/v1/completions", json={**body, "max_tokens": 40}).json()["usage"]["completion_tokens"] == 40
+
+
 def test_the_openai_client_reads_the_errors(srv):
     c = client(srv)
     with pytest.raises(openai.BadRequestError) as e:

@@ -63,6 +63,7 @@ def serve(
     parallel: SERVER["parallel"].annotated() = SERVER["parallel"].default,
     lanes: SERVER["lanes"].annotated() = SERVER["lanes"].default,
     max_queue: SERVER["max_queue"].annotated() = SERVER["max_queue"].default,
+    n_predict: SERVER["n_predict"].annotated() = SERVER["n_predict"].default,
     api_key: Annotated[Optional[str], flag("--api-key", envvar="LAGUNA_API_KEY", show_envvar=True, help="Require Authorization: Bearer KEY on every endpoint but /health.")] = None,
     alias: Annotated[Optional[str], flag("--alias", "-a", help="Model id served by /v1/models (default: the target file's name).")] = None,
     chat_template_file: ChatTemplateFileOpt = None,
@@ -125,7 +126,7 @@ def serve(
         settings = ServerSettings(model_id=alias or pair.target.path.name, n_max=depth, api_key=api_key,
                                   chat_template=template, chat_template_kwargs=default_kwargs,
                                   chat_template_source=str(chat_template_file) if chat_template_file else None,
-                                  max_body_bytes=max_body_bytes, prepare_workers=max(2, parallel))
+                                  max_body_bytes=max_body_bytes, prepare_workers=max(2, parallel), n_predict=n_predict)
         try:
             app = create_app(pool, settings)
         except BaseException:
@@ -136,7 +137,8 @@ def serve(
         # plain lines (never wrapped): scripts read the address from them
         print(f"laguna-run serve: {placement.describe()}; {parallel} slot(s) of {flags.ctx_size} tokens"
               f"{f' in {lanes} lanes' if lanes > 1 else ''}, "
-              f"n_max {depth}, prompt cache {'off' if no_prompt_cache else f'on ({ctx_checkpoints} checkpoints)'}",
+              f"n_max {depth}, prompt cache {'off' if no_prompt_cache else f'on ({ctx_checkpoints} checkpoints)'}"
+              f"{f', at most {n_predict} tokens a request' if n_predict > 0 else ''}",
               file=sys.stderr)
         print(f"laguna-run serve: model id {settings.model_id!r}, listening on http://{shown}:{bound[1]}"
               f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)

@@ -85,6 +85,7 @@ class ServerSettings:
     chat_template_kwargs: dict | None = None  # defaults for every request's chat_template_kwargs
     close_pool_on_shutdown: bool = True
     max_body_bytes: int | None = None  # None: guards.default_max_body_bytes(n_ctx)
+    n_predict: int = -1  # the most tokens a request may generate (-1: up to the end of the context)
     prepare_workers: int = 2  # threads rendering templates and tokenizing
 
 
@@ -265,6 +266,8 @@ class Server:
                 tokens = self._prompt_tokens(call)
             options.constraint = self._constraint(call, turn)
             budget = call.max_tokens if call.max_tokens is not None else context_room(len(tokens), self.n_ctx)
+            if self.settings.n_predict > 0:  # the server's cap (-n), as llama-server's
+                budget = min(budget, self.settings.n_predict)
             options.n_predict = fit_to_context(len(tokens), budget, self.n_ctx)
         except RequestError as e:
             param = call.param(e.field)
