@@ -67,13 +67,18 @@ def opencode() -> Path:
     return cli("opencode")
 
 
+def agent_server(agent_pair, **settings) -> LiveServer:
+    """laguna-run serve on the bundled agent pair as the agents meet it (its model id, a key, the
+    GGUF's own template). One thread: beside other work, two threads wait for each other at every
+    barrier, and Claude Code's 22.6k-token prefill took over 14 minutes instead of about one."""
+    target, path, drafter = agent_pair
+    return LiveServer(make_pool(target, path, drafter, n_ctx=N_CTX, kv_type="f16", n_threads=1),
+                      model_id=MODEL, chat_template=None, chat_template_source=None, api_key=KEY, **settings)
+
+
 @pytest.fixture(scope="module")
 def srv(agent_pair):
-    target, path, drafter = agent_pair
-    # one thread: beside other work, two threads wait for each other at every barrier, and
-    # Claude Code's 22.6k-token prefill took over 14 minutes instead of about one
-    with LiveServer(make_pool(target, path, drafter, n_ctx=N_CTX, kv_type="f16", n_threads=1),
-                    model_id=MODEL, chat_template=None, chat_template_source=None, api_key=KEY) as s:
+    with agent_server(agent_pair) as s:
         yield s
 
 
@@ -85,10 +90,7 @@ REPLY_CAP = 1024
 
 @pytest.fixture(scope="module")
 def capped_srv(agent_pair):
-    target, path, drafter = agent_pair
-    with LiveServer(make_pool(target, path, drafter, n_ctx=N_CTX, kv_type="f16", n_threads=1),
-                    model_id=MODEL, chat_template=None, chat_template_source=None, api_key=KEY,
-                    n_predict=REPLY_CAP) as s:
+    with agent_server(agent_pair, n_predict=REPLY_CAP) as s:
         yield s
 
 

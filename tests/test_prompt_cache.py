@@ -215,7 +215,8 @@ def test_the_same_prompt_after_a_reply_past_the_window_restarts_from_its_checkpo
     cached, fresh = engines(target, drafter, n_ctx=2048)
     cfg = EngineConfig(n_ctx=2048, kv_type="f32", n_threads=1)
     with cached, fresh, BatchEngine(target, resolve_pair(tiny_target["gguf"], drafter), cfg, n_seq=1) as batch:
-        a = [int(t) for t in np.random.default_rng(31).integers(16, 512, size=100)]  # its own: the run below has its length
+        # a generator of its own: whether the reply runs past the ring depends on these tokens
+        a = [int(t) for t in np.random.default_rng(31).integers(16, 512, size=100)]
         opts = {"n_max": n_max, "n_predict": 320}
         first = both(cached, fresh, a, drafts_as_fresh=False, **opts)
         assert cached.ctx.pos_min() > len(a) - TARGET_WINDOW, "precondition: the ring overwrote the prompt's window"
