@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .drafter import Drafter
 from .llama import ClosedError, Context, ContextParams, Model, gpu_offload_supported, microbatch_for_window
-from .open_pair import PairFiles, open_models, resolve_pair
+from .open_pair import PairFiles, build_on_own_models, resolve_pair
 from .prompt_cache import DEFAULT_CHECKPOINTS, PromptCache
 from .proposer import Proposer
 from .request import GenerateOptions, PairLimits, check_context
@@ -140,10 +140,9 @@ class Engine:
         engines over one target ``Model`` (each engine has its own contexts); left open by close().
         ``pair``: the pair already resolved (runtime/open_pair.py), instead of ``drafter_path``."""
         self.config = cfg = config or EngineConfig()
-        self._owned_drafter = None
+        self._owned: list[Model] = []  # closed with the engine: Engine.open's models, an RPC run's drafter
         self._serial = _OneAtATime()
         self._closed = False
-        self._owns_target = False  # Engine.open's model is closed with the engine
         self.target = target
         if pair is None:
             pair = resolve_pair(target.path, drafter_path)
@@ -164,7 +163,8 @@ class Engine:
         self.drafter: Proposer | None = None
         if draft_spec is not None:
             if drafter_model is None and cfg.rpc:
-                drafter_model = self._owned_drafter = Model(draft_spec.path, n_gpu_layers=cfg.n_gpu_layers_draft)
+                drafter_model = Model(draft_spec.path, n_gpu_layers=cfg.n_gpu_layers_draft)
+                self._owned.append(drafter_model)
             self.drafter = Drafter(draft_spec.path, self.ctx, n_gpu_layers=cfg.n_gpu_layers_draft,
                                    kv_type=cfg.kv_type, n_threads=n_threads, spec=draft_spec,
                                    check_target=False, model=drafter_model)
@@ -181,16 +181,9 @@ class Engine:
     def open(cls, pair: PairFiles, config: EngineConfig | None = None) -> "Engine":
         """An engine over a resolved pair, with models of its own (closed with the engine)."""
         cfg = config or EngineConfig()
-        target, drafter_model = open_models(pair, cfg)  # RPC servers: probed before any model loads
-        try:
-            engine = cls(target, config=cfg, drafter_model=drafter_model, pair=pair)
-        except BaseException:
-            if drafter_model is not None:
-                drafter_model.close()
-            target.close()
-            raise
-        engine._owns_target = True
-        engine._owned_drafter = drafter_model
+        # RPC servers: probed before any model loads
+        engine, owned = build_on_own_models(pair, cfg, lambda t, d: cls(t, config=cfg, drafter_model=d, pair=pair))
+        engine._owned += owned
         return engine
 
     @property
@@ -298,20 +291,18 @@ class Engine:
         self.reset()
 
     def close(self) -> None:
-        """Free both contexts (and the target model when Engine.load made it); waits for a
+        """Free both contexts (and the models Engine.open loaded); waits for a
         generation running in another thread. Closing twice is harmless."""
         with self._serial.hold(reentrant=True):
             self._closed = True
             if self.drafter is not None:
                 self.drafter.close()
                 self.drafter = None
-            if getattr(self, "_owned_drafter", None) is not None:
-                self._owned_drafter.close()
-                self._owned_drafter = None
             if getattr(self, "ctx", None) is not None:
                 self.ctx.close()
-            if self._owns_target:
-                self.target.close()
+            for m in getattr(self, "_owned", ()):
+                m.close()
+            self._owned = []
 
     def __enter__(self) -> "Engine":
         return self
