@@ -194,15 +194,23 @@ def plot(path: Path, configs: list[Config], rows: list[int], table: dict, thread
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    # without a one-row pass (prompt passes only) the right panel compares the configurations
+    # with the first one instead
+    first = table[configs[0].name]
     for c in configs:
         t = table[c.name]
         med = [t[n]["median_ms"] for n in rows]
         err = [[m - t[n]["min_ms"] for n, m in zip(rows, med)], [t[n]["max_ms"] - m for n, m in zip(rows, med)]]
         ax1.errorbar(rows, med, yerr=err, marker="o", capsize=3, label=c.name)
-        if t.get(1):
+        if 1 in rows:
             ax2.plot(rows, [t[n]["x_one_row"] for n in rows], marker="o", label=c.name)
+        else:
+            ax2.plot(rows, [m / first[n]["median_ms"] for n, m in zip(rows, med)], marker="o", label=c.name)
     ax1.set(xlabel="rows in the pass", ylabel="ms per pass (median, bars min-max)", title=f"pass time, {threads} thread(s)")
-    ax2.set(xlabel="rows in the pass", ylabel="x the one-row pass", title="growth with rows")
+    if 1 in rows:
+        ax2.set(xlabel="rows in the pass", ylabel="x the one-row pass", title="growth with rows")
+    else:
+        ax2.set(xlabel="rows in the pass", ylabel=f"median x {configs[0].name}'s", title=f"against {configs[0].name}")
     for ax in (ax1, ax2):
         ax.set_xticks(rows)
         ax.grid(alpha=0.3)
