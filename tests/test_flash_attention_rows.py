@@ -85,18 +85,21 @@ def test_rows_match_float64_attention(fa, shape, cache_type, window):
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
 
 
-# head widths around the AVX-512 kernel's blocks of 128 columns (64: part of one; 192: one and a
-# part; 256: two), over a cache large enough (1,100 cells) that a KV head's rows read it together
-WIDE_SHAPES = pytest.mark.parametrize("shape", [ka.AttentionShape(64, 8, 2), ka.AttentionShape(192, 4, 2),
-                                                ka.AttentionShape(256, 4, 1)], ids=["d64", "d192", "d256"])
+# head widths around the AVX-512 kernel's blocks of 128 columns (16 and 64: part of one; 192: one
+# and a part; 256: two), over caches large enough that a KV head's rows read them together (256
+# KiB a KV head: 4,500 cells at width 16, 1,100 at the others)
+WIDE_SHAPES = pytest.mark.parametrize("shape,n_kv", [(ka.TINY, 4500), (ka.AttentionShape(64, 8, 2), 1100),
+                                                     (ka.AttentionShape(192, 4, 2), 1100),
+                                                     (ka.AttentionShape(256, 4, 1), 1100)],
+                                      ids=["d16", "d64", "d192", "d256"])
 
 
 @CACHE_TYPES
 @WIDE_SHAPES
 # 3 and 33 rows: groups of several sizes, odd ones among them, as the two threads split the rows
 @pytest.mark.parametrize("rows", [3, 33])
-def test_rows_read_together_are_each_the_row_alone_and_right(fa, shape, cache_type, rows):
-    q, k, v, mask = ka.inputs(shape, rows, 1100, seed=rows, window=700)
+def test_rows_read_together_are_each_the_row_alone_and_right(fa, shape, n_kv, cache_type, rows):
+    q, k, v, mask = ka.inputs(shape, rows, n_kv, seed=rows, window=700)
     k[:, 500:503] *= 4
     batch = ka.flash_attention(fa, q, k, v, mask, 2, cache_type)
     alone = [ka.flash_attention(fa, q[r:r + 1], k, v, mask[r:r + 1], 1, cache_type)[0] for r in range(rows)]
