@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EngineConfig(n_threads=args.threads, kv_type="f16", prompt_cache=False)
     n = args.rows
     per_seq = args.context + (2 * n + 1) * (args.reps + 1) + 8  # sequence 1 takes 2n + 1 rows a round
-    params = ContextParams(n_ctx=per_seq * n, n_batch=max(512, n * n), n_ubatch=max(512, n * n), kv_type="f16",
+    params = ContextParams(n_ctx=per_seq * n, n_batch=max(512, n), n_ubatch=max(512, n), kv_type="f16",
                            n_threads=args.threads, swa_full=True, n_seq=n, flash_attn=target_flash_attn(cfg))
     times: dict[str, list[float]] = {c: [] for c in CELLS}
     with Model(args.target) as target, Context(target, params) as ctx:
