@@ -56,11 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         def tokens(k: int, salt: int) -> list[int]:
             return [(1000 + 7919 * (salt + i)) % vocab for i in range(k)]
 
+        def take(s: int, k: int) -> int:
+            """The next k positions of sequence s: the first of them."""
+            pos[s] += k
+            return pos[s] - k
+
         for s in range(n):  # each sequence's prompt, in parts a one-slot engine would take
             for p0 in range(0, args.context, 32):
                 k = min(32, args.context - p0)
-                ctx.decode_seqs([(s, tokens(k, p0), p0, k - 1)])
-            pos[s] = args.context
+                ctx.decode_seqs([(s, tokens(k, p0), take(s, k), k - 1)])
 
         def timed(parts: list[tuple[int, list[int], int, int]]) -> float:
             t = time.perf_counter()
@@ -69,16 +73,11 @@ def main(argv: list[str] | None = None) -> int:
 
         for rep in range(args.reps + 1):  # the first round warms each shape and is dropped
             got = {
-                CELLS[0]: timed([(0, tokens(1, rep), pos[0], 0)]),
-                CELLS[1]: timed([(1, tokens(n, rep), pos[1], n - 1)]),
-                CELLS[2]: timed([(1, tokens(n, rep + 1), pos[1] + n, 0)]),
-                # sequences 0 and 1 go on from the cells above, the others from their last row
-                CELLS[3]: timed([(s, tokens(1, rep + s), pos[s] + {0: 1, 1: 2 * n}.get(s, 0), 0) for s in range(n)]),
+                CELLS[0]: timed([(0, tokens(1, rep), take(0, 1), 0)]),
+                CELLS[1]: timed([(1, tokens(n, rep), take(1, n), n - 1)]),
+                CELLS[2]: timed([(1, tokens(n, rep + 1), take(1, n), 0)]),
+                CELLS[3]: timed([(s, tokens(1, rep + s), take(s, 1), 0) for s in range(n)]),
             }
-            pos[0] += 2
-            pos[1] += 2 * n + 1
-            for s in range(2, n):
-                pos[s] += 1
             if rep:
                 for c, v in got.items():
                     times[c].append(v)
