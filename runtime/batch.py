@@ -18,8 +18,8 @@ prefill), so their rounds never wait for a whole prompt.
 Greedy output of a sequence does not depend on what runs beside it (tests/test_batch.py): a
 prompt part has the pass it has alone, and a decoding pass holds no more rows than the target's
 kernels compute each as alone (``max_pass_rows``: :data:`EXACT_PASS_ROWS`; 32 on a Q4_K_M target
-where the CPU backend has AVX2; none where every weight is of a type computed alike in a pass of
-any size, F32, F16 and Q8_0). Under a bound each of ``n`` sequences of a pass drafts at most
+where the CPU backend has AVX2, none where it has AVX-512 with VNNI too; none where every weight
+is of a type computed alike in a pass of any size, F32, F16 and Q8_0). Under a bound each of ``n`` sequences of a pass drafts at most
 ``max_pass_rows // n - 1`` tokens, so a fixed ``n_max`` is cut under load (under 16 rows, 4
 sequences at ``n_max`` 4 draft 3 each), and rows beyond it (a prompt's sequence joining others,
 more sequences than the bound has rows) wait for the next round.
@@ -63,6 +63,9 @@ _ANY_ROWS_TYPES = frozenset({"F32", "F16", "Q8_0"})
 #: Q4_K, whose larger passes keep the 4-row tiles because they are faster there (patch 0019).
 #: A weight of any other type, or of these elsewhere, gets :data:`EXACT_PASS_ROWS`.
 _REPACKED_AVX2_PASS_ROWS = {"Q6_K": None, "Q4_K": 32}
+#: With AVX-512 and VNNI as well, Q4_K's rows kernel is the 512-bit one (patch 0036), faster than
+#: the tiles at prompt sizes too, and takes every pass (patch 0037).
+_REPACKED_AVX512_VNNI_PASS_ROWS = {"Q6_K": None, "Q4_K": None}
 
 
 @dataclass
@@ -80,14 +83,16 @@ def pass_rows_bound(target: TargetSpec, cpu_features: frozenset[str] | None = No
     """The most rows one decoding pass over ``target`` may hold for each row to be computed as
     it is alone on this CPU backend (``cpu_features``: the installed one's), the least its weights
     allow: None (any) where every weight is of a type computed alike in a pass of any size."""
-    avx2 = "AVX2" in (cpu_backend_features() if cpu_features is None else cpu_features)
+    features = cpu_backend_features() if cpu_features is None else cpu_features
+    repacked = {} if "AVX2" not in features else \
+        _REPACKED_AVX512_VNNI_PASS_ROWS if {"AVX512", "AVX512_VNNI"} <= features else _REPACKED_AVX2_PASS_ROWS
 
     def rows(t) -> int | None:
         kind = t.qtype.name
         if kind in _ANY_ROWS_TYPES:
             return None
-        if avx2 and kind in _REPACKED_AVX2_PASS_ROWS and len(t.shape) >= 2 and t.shape[-2] % 8 == 0:
-            return _REPACKED_AVX2_PASS_ROWS[kind]
+        if kind in repacked and len(t.shape) >= 2 and t.shape[-2] % 8 == 0:
+            return repacked[kind]
         return EXACT_PASS_ROWS
 
     bounds = [b for t in read_header_cached(target.path).tensors if (b := rows(t)) is not None]

@@ -430,7 +430,8 @@ def test_no_decoding_pass_holds_more_rows_than_the_bound(pair, monkeypatch):
 
 def test_the_rows_bound_follows_the_weight_types_and_the_cpu_backend(monkeypatch):
     """The least bound the weights allow: none for F32, F16 and Q8_0, nor for Q6_K where the CPU
-    backend has AVX2 and repacks it (rows in eights); 32 rows for Q4_K so repacked; 16 otherwise."""
+    backend has AVX2 and repacks it (rows in eights); 32 rows for Q4_K so repacked, none where the
+    backend has AVX-512 with VNNI too; 16 otherwise."""
     from types import SimpleNamespace
 
     from gguf import GGMLQuantizationType as Q
@@ -447,6 +448,9 @@ def test_the_rows_bound_follows_the_weight_types_and_the_cpu_backend(monkeypatch
     assert bound([(Q.F32, (128,)), (Q.Q8_0, (256, 128))], {"AVX"}) is None
     assert bound([(Q.F32, (128,)), (Q.Q6_K, (256, 128))], {"AVX2"}) is None
     assert bound(q4_K_M, {"AVX", "AVX2"}) == 32
+    assert bound(q4_K_M, {"AVX2", "AVX512"}) == 32                       # no VNNI: 0011's AVX2 kernel
+    assert bound(q4_K_M, {"AVX2", "AVX512", "AVX512_VNNI"}) is None      # every pass: the rows kernel
+    assert bound(q4_K_M + [(Q.Q5_K, (512, 2048))], {"AVX2", "AVX512", "AVX512_VNNI"}) == EXACT_PASS_ROWS
     assert bound(q4_K_M, {"AVX"}) == EXACT_PASS_ROWS                      # no AVX2: 4-row tiles
     assert bound(q4_K_M + [(Q.Q6_K, (100, 2048))], {"AVX2"}) == EXACT_PASS_ROWS   # not repacked
     assert bound(q4_K_M + [(Q.Q5_K, (512, 2048))], {"AVX2"}) == EXACT_PASS_ROWS
@@ -467,10 +471,32 @@ def test_q4_K_M_sequences_at_depth_4_equal_their_solo_outputs(monkeypatch):
     opts = GenerateOptions(n_predict=10, n_max=4)
     passes = recorded_decoding_passes(monkeypatch)
     with BatchEngine.open(pair, cfg, n_seq=4) as engine:
-        avx2 = "AVX2" in llama.cpu_backend_features()
-        assert engine.max_pass_rows == (32 if avx2 else EXACT_PASS_ROWS)
+        features = llama.cpu_backend_features()
+        avx2 = "AVX2" in features
+        assert engine.max_pass_rows == (None if avx2 and {"AVX512", "AVX512_VNNI"} <= features else
+                                        32 if avx2 else EXACT_PASS_ROWS)
         prompts = [engine.tokenize(p)[:8] for p in PROMPTS[:4]]
         together = [r.tokens for r in engine.generate_all(prompts, opts)]
         solo = [engine.generate_all([p], opts)[0].tokens for p in prompts]
     assert max(sum(k for _, k in p) for p in passes) == (20 if avx2 else EXACT_PASS_ROWS)
+    assert together == solo
+
+
+@pytest.mark.skipif(built_xs_q4_K_M() is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
+def test_q4_K_M_passes_of_any_rows_equal_solo_outputs_where_unbounded(monkeypatch):
+    """Where the rows bound is lifted on a Q4_K_M target (AVX-512 with VNNI: every Q4_K pass
+    takes the rows kernel, patch 0037), four sequences at n_max 12 decode in 52-row passes, past
+    the 32 rows of the AVX2 kernels' bound, each output still equal to its output alone."""
+    target, drafter = built_xs_q4_K_M()
+    pair = resolve_pair(target, drafter)
+    cfg = EngineConfig(n_ctx=256, n_threads=2, kv_type="f16", prompt_cache=False)
+    opts = GenerateOptions(n_predict=24, n_max=12)  # depths are cut to the tokens left
+    passes = recorded_decoding_passes(monkeypatch)
+    with BatchEngine.open(pair, cfg, n_seq=4) as engine:
+        if engine.max_pass_rows is not None:
+            pytest.skip(f"this CPU backend bounds a Q4_K_M pass to {engine.max_pass_rows} rows")
+        prompts = [engine.tokenize(p)[:8] for p in PROMPTS[:4]]
+        together = [r.tokens for r in engine.generate_all(prompts, opts)]
+        solo = [engine.generate_all([p], opts)[0].tokens for p in prompts]
+    assert max(sum(k for _, k in p) for p in passes) == 52
     assert together == solo

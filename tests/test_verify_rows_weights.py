@@ -159,6 +159,29 @@ def test_a_pass_of_more_than_16_rows_computes_each_row_as_alone(backend, shape, 
         assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
 
 
+def test_q4_K_passes_of_any_size_compute_each_row_as_alone_where_the_runtime_lifts_its_bound(backend, monkeypatch):
+    """Where the runtime lets a Q4_K_M target's batched pass hold any number of rows (a backend
+    with AVX-512 and VNNI, runtime/batch.py's rows bound), every repacked Q4_K pass, a prompt's
+    too, must compute each row as alone (patch 0037): 40- and 96-row dense passes, past the
+    32 rows after which AVX2 builds take the gemm's 4-row tiles."""
+    from types import SimpleNamespace
+
+    from gguf import GGMLQuantizationType as Q
+
+    from laguna_dflash.convert.gguf.header import TensorInfo
+    from laguna_dflash.runtime import batch
+
+    info = TensorInfo("blk.0.attn_q.weight", (512, 2048), Q.Q4_K, 0, 0)
+    monkeypatch.setattr(batch, "read_header_cached", lambda path: SimpleNamespace(tensors=[info]))
+    bound = batch.pass_rows_bound(SimpleNamespace(path="x.gguf"))
+    if bound is not None:
+        pytest.skip(f"this CPU backend bounds a Q4_K pass to {bound} rows")
+    prod = kw.Product(backend, kw.WeightShape("dense-q4_K-2048", "q4_K", 2048, 512))
+    for rows in (40, 96):
+        bad, worst = prod.row_mismatches(rows, seed=rows)
+        assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
+
+
 def test_the_q4_K_q6_K_and_q8_0_weights_are_repacked(backend):
     """The Q4_K, Q6_K and Q8_0 cases above test the repacked kernels only if the weights go to CPU_REPACK."""
     assert backend.repack_buft is not None
