@@ -169,6 +169,10 @@ class BatchEngine:
     Not thread-safe: one thread starts sequences and runs rounds (runtime/server/pool.py's
     worker); ``tokenize``, ``detokenize`` and ``cached_prefix`` may be called from others."""
 
+    #: whether prompts waiting together may share a pass where no rows bound applies (:meth:`_plan`;
+    #: off, one prompt part a turn, as scripts/investigate/shared_prompts_auto.py compares)
+    share_prompts = True
+
     def __init__(self, target: Model, pair: PairFiles, config: EngineConfig | None = None, n_seq: int = 1,
                  drafter_model: Model | None = None) -> None:
         cfg = self.config = config or EngineConfig()
@@ -372,7 +376,7 @@ class BatchEngine:
         decoding = [s for s in running if not s.rows.prompt]
         self._prompt_turn = bool(prompts) and (not decoding or self._prompt_turn)
         if self._prompt_turn:
-            share = self.max_pass_rows is None and not self.graph_replay
+            share = self.share_prompts and self.max_pass_rows is None and not self.graph_replay
             taken, rows = [], 0
             for s in prompts:
                 part = s.rows.tokens[:self._prompt_part]
