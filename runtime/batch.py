@@ -12,19 +12,17 @@ layer's sums once a sequence passes the ring's size, with an F16 cache. A round 
 every decoding sequence for its rows (runtime/rounds.py: a plain step or a verify block of any
 depth), decodes them in one ``llama_decode`` (all of them, within the bound below), and hands
 each sequence its logits and captured rows; its drafter then reads them. A prompt is decoded in
-parts, cut as the one-slot engine cuts it, between the running sequences' rounds (chunked
-prefill), so their rounds never wait for a whole prompt; prompts waiting together share a pass
-where no rows bound applies.
+parts of its own, cut as the one-slot engine cuts it, between the running sequences' rounds (chunked
+prefill), so their rounds never wait for a whole prompt.
 
 Greedy output of a sequence does not depend on what runs beside it (tests/test_batch.py): a
-prompt part has the pass it has alone, or shares it with other prompts' parts where every row is
-computed as alone, and a decoding pass holds no more rows than the target's kernels compute each
-as alone (``max_pass_rows``: :data:`EXACT_PASS_ROWS`; 32 on a Q4_K_M target where the CPU
-backend has AVX2, none where it has AVX-512 with VNNI too; none where every weight is of a type
-computed alike in a pass of any size, F32, F16 and Q8_0). Under a bound each of ``n`` sequences
-of a pass drafts at most ``max_pass_rows // n - 1`` tokens, so a fixed ``n_max`` is cut under
-load (under 16 rows, 4 sequences at ``n_max`` 4 draft 3 each), and rows beyond it (a prompt's
-sequence joining others, more sequences than the bound has rows) wait for the next round.
+prompt part has the pass it has alone, and a decoding pass holds no more rows than the target's
+kernels compute each as alone (``max_pass_rows``: :data:`EXACT_PASS_ROWS`; 32 on a Q4_K_M target
+where the CPU backend has AVX2, none where it has AVX-512 with VNNI too; none where every weight
+is of a type computed alike in a pass of any size, F32, F16 and Q8_0). Under a bound each of ``n`` sequences of a pass drafts at most
+``max_pass_rows // n - 1`` tokens, so a fixed ``n_max`` is cut under load (under 16 rows, 4
+sequences at ``n_max`` 4 draft 3 each), and rows beyond it (a prompt's sequence joining others,
+more sequences than the bound has rows) wait for the next round.
 """
 
 from __future__ import annotations
@@ -168,10 +166,6 @@ class BatchEngine:
 
     Not thread-safe: one thread starts sequences and runs rounds (runtime/server/pool.py's
     worker); ``tokenize``, ``detokenize`` and ``cached_prefix`` may be called from others."""
-
-    #: whether prompts waiting together may share a pass where no rows bound applies (:meth:`_plan`;
-    #: off, one prompt part a turn, as scripts/investigate/shared_prompts_auto.py compares)
-    share_prompts = True
 
     def __init__(self, target: Model, pair: PairFiles, config: EngineConfig | None = None, n_seq: int = 1,
                  drafter_model: Model | None = None) -> None:
@@ -354,38 +348,29 @@ class BatchEngine:
         return done
 
     def _plan(self, done: list[Finished]) -> _Round:
-        """This round's pass: the next part of the earliest prompt, or of every waiting prompt
-        where they may share it (below), or the decoding sequences' rows (plain steps and verify
-        blocks, :meth:`_decoding_pass`), in sequence order (llama.cpp groups a microbatch by
-        ascending, consecutive sequence ids). The two kinds take turns while both wait, so a long
-        prompt never stalls the others by more than one part a round.
+        """This round's pass: the next part of the earliest prompt, alone, or the decoding
+        sequences' rows (plain steps and verify blocks, :meth:`_decoding_pass`), in sequence order
+        (llama.cpp groups a microbatch by ascending, consecutive sequence ids). The two take turns
+        while both wait, so a long prompt never stalls the others by more than one part a round.
 
-        A prompt's rows never share a pass with decoding rows: llama.cpp puts the same number of
-        rows of each sequence in a microbatch, so a pass of a prompt part and one-row steps runs
-        as several microbatches (each a pass over the weights) and gains nothing. Prompts share
-        a pass with each other only without a rows bound (``max_pass_rows`` None, on a CPU
-        backend): there every row of any pass is computed as alone, while a pass of more rows than
-        the kernels so compute takes a row by where it falls in the pass (Q4_K's 4-row tiles
-        against its one-row kernel), so a prompt part beside another would differ in the last
-        bits from that part alone; prompts arriving together (a burst of requests) then prefill
-        in one pass instead of one a round. Parts are cut where the one-slot engine's
-        microbatches are (``_prompt_part``), so each part's rows are those it has alone."""
+        A prompt's rows never share a pass. Under a rows bound (``max_pass_rows``) a larger pass
+        computes a row by where it falls in it (Q4_K's 4-row tiles against its one-row kernel),
+        so a prompt part beside other rows would differ in the last bits from that part alone.
+        Without one it would be exact but gains nothing: llama.cpp puts the same number of rows
+        of each sequence in a microbatch, so a prompt part beside one-row steps runs as several
+        microbatches anyway, and prompts that share a pass each wait for all of them (bursts of
+        four prompts on an XS-width target: a median time to first token of 0.64 s against 0.19 s
+        one part a turn, at no gain in throughput; docs/results/concurrency). Parts are cut where the
+        one-slot engine's microbatches are (``_prompt_part``), so each is the pass the prompt has
+        when it runs alone."""
         rnd = _Round()
         running = [s for s in self.slots if s.run is not None]
         prompts = sorted((s for s in running if s.rows.prompt), key=lambda s: s.started)
         decoding = [s for s in running if not s.rows.prompt]
         self._prompt_turn = bool(prompts) and (not decoding or self._prompt_turn)
         if self._prompt_turn:
-            share = self.share_prompts and self.max_pass_rows is None and not self.graph_replay
-            taken, rows = [], 0
-            for s in prompts:
-                part = s.rows.tokens[:self._prompt_part]
-                if taken and (not share or rows + len(part) > self.ctx.n_batch):
-                    break
-                taken.append((s, part, s.rows.pos0))
-                rows += len(part)
-            rnd.parts.extend(sorted(taken, key=lambda p: p[0].index))
-            prompts = prompts[len(taken):]
+            s = prompts.pop(0)
+            rnd.parts.append((s, s.rows.tokens[:self._prompt_part], s.rows.pos0))
         else:
             rnd.parts.extend((s, s.rows.tokens, s.rows.pos0) for s in self._decoding_pass(decoding))
         self._prompt_turn = not self._prompt_turn  # the other kind goes next

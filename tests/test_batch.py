@@ -121,24 +121,12 @@ def test_one_round_is_one_target_decode_over_every_running_sequence(pair, monkey
     monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: calls.append(
         [(seq, len(t)) for seq, t, _, _ in parts]) or real(self, parts))
     with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=3) as engine:
-        # the bundled pair has no rows bound: the three prompts prefill in one pass, then every
-        # round is one pass of a plain row and two verify blocks
-        for slot, depth in enumerate((0, 2, 4)):
-            engine.start(slot, PROMPTS[slot][:80], GenerateOptions(n_predict=20, n_max=depth))
-        for _ in range(3):
-            engine.step()
-        assert [[seq for seq, _ in c] for c in calls] == [[0, 1, 2], [0, 1, 2], [0, 1, 2]]
-        assert calls[1] == calls[2] == [(0, 1), (1, 3), (2, 5)]
-        for slot in range(3):
-            engine.cancel(slot)
-        # under a rows bound a prompt's pass holds that prompt alone (the earliest first), the
-        # decoding sequences' rounds take turns with them
-        engine.max_pass_rows = EXACT_PASS_ROWS
-        calls.clear()
         for slot, depth in enumerate((0, 2, 4)):
             engine.start(slot, PROMPTS[slot][:80], GenerateOptions(n_predict=20, n_max=depth))
         for _ in range(5):
             engine.step()
+        # a prompt's pass holds that prompt alone (the earliest first), the decoding sequences'
+        # rounds take turns with them
         assert [[seq for seq, _ in c] for c in calls] == [[0], [0], [1], [0, 1], [2]]
         engine.step()
         assert calls[5] == [(0, 1), (1, 3), (2, 5)]  # a plain row and two verify blocks, one pass
@@ -438,36 +426,6 @@ def test_no_decoding_pass_holds_more_rows_than_the_bound(pair, monkeypatch):
                     assert waits.get(seq, 0) <= 1, (n, seq, decoding)
                     waits[seq] = 0
         assert [(0, 4), (1, 4), (2, 4), (3, 4)] in decoding, decoding
-
-
-def test_prompts_that_wait_together_share_a_pass_where_no_rows_bound_applies(pair, monkeypatch):
-    """Four requests started together: on the bundled pair (Q8_0, no rows bound) their prompts
-    of different lengths prefill in one pass, each output and its draft counts equal to its own
-    alone; under a rows bound each prompt part has a pass of its own (a prompt part beside
-    another would take its rows by where they fall in the pass), the outputs still their own."""
-    from laguna_dflash.runtime import llama
-
-    passes = []
-    real = llama.Context.decode_seqs
-    monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: passes.append(
-        [(seq, len(t), first) for seq, t, _, first in parts]) or real(self, parts))
-    opts = GenerateOptions(n_predict=12, n_max=4)
-    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=4) as engine:
-        prompts = [engine.tokenize(PROMPTS[i])[:12 + 7 * i] for i in range(4)]
-        alone = [_summary(engine.generate_all([p], opts)[0]) for p in prompts]
-        for bound in (None, EXACT_PASS_ROWS):
-            engine.max_pass_rows = bound
-            passes.clear()
-            together = [_summary(r) for r in engine.generate_all(prompts, opts)]
-            # under the bound four sequences at n_max 4 draft 3 each: the same tokens, fewer drafts
-            assert together == alone if bound is None else [t for t, _ in together] == [t for t, _ in alone]
-            prompt_passes = [p for p in passes if any(first > 0 for _, _, first in p)]
-            if bound is None:
-                assert prompt_passes == passes[:1]
-                assert [seq for seq, _, _ in passes[0]] == [0, 1, 2, 3]
-                assert [n for _, n, _ in passes[0]] == [12, 19, 26, 33], passes[0]
-            else:
-                assert len(prompt_passes) == 4 and all(len(p) == 1 for p in prompt_passes), prompt_passes
 
 
 def test_the_rows_bound_follows_the_weight_types_and_the_cpu_backend(monkeypatch):
