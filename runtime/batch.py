@@ -19,10 +19,11 @@ Greedy output of a sequence does not depend on what runs beside it (tests/test_b
 prompt part has the pass it has alone, and a decoding pass holds no more rows than the target's
 kernels compute each as alone (``max_pass_rows``: :data:`EXACT_PASS_ROWS`; 32 on a Q4_K_M target
 where the CPU backend has AVX2, none where it has AVX-512 with VNNI too; none where every weight
-is of a type computed alike in a pass of any size, F32, F16 and Q8_0). Under a bound each of ``n`` sequences of a pass drafts at most
-``max_pass_rows // n - 1`` tokens, so a fixed ``n_max`` is cut under load (under 16 rows, 4
-sequences at ``n_max`` 4 draft 3 each), and rows beyond it (a prompt's sequence joining others,
-more sequences than the bound has rows) wait for the next round.
+is of a type computed alike in a pass of any size, F32, F16 and Q8_0). Under a bound each of
+``n`` sequences of a pass drafts at most ``max_pass_rows // n - 1`` tokens, so a fixed ``n_max``
+is cut under load (under 16 rows, 4 sequences at ``n_max`` 4 draft 3 each), and rows beyond it
+(a prompt's sequence joining others, more sequences than the bound has rows) wait for the next
+round.
 """
 
 from __future__ import annotations
@@ -358,11 +359,11 @@ class BatchEngine:
         so a prompt part beside other rows would differ in the last bits from that part alone.
         Without one it would be exact but gains nothing: llama.cpp puts the same number of rows
         of each sequence in a microbatch, so a prompt part beside one-row steps runs as several
-        microbatches anyway, and prompts that share a pass each wait for all of them (bursts of
-        four prompts on an XS-width target: a median time to first token of 0.64 s against 0.19 s
-        one part a turn, at no gain in throughput; docs/results/concurrency). Parts are cut where the
-        one-slot engine's microbatches are (``_prompt_part``), so each is the pass the prompt has
-        when it runs alone."""
+        microbatches anyway, and prompts that share a pass each wait for all of them, which
+        delays a burst's first tokens at no gain in throughput (docs/results/concurrency,
+        "Prompts that wait together share a pass"). Parts are cut where the one-slot engine's
+        microbatches are (``_prompt_part``), so each is the pass the prompt has when it runs
+        alone."""
         rnd = _Round()
         running = [s for s in self.slots if s.run is not None]
         prompts = sorted((s for s in running if s.rows.prompt), key=lambda s: s.started)
