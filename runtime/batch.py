@@ -85,8 +85,10 @@ def pass_rows_bound(target: TargetSpec, cpu_features: frozenset[str] | None = No
     it is alone on this CPU backend (``cpu_features``: the installed one's), the least its weights
     allow: None (any) where every weight is of a type computed alike in a pass of any size."""
     features = cpu_backend_features() if cpu_features is None else cpu_features
-    repacked = {} if "AVX2" not in features else \
-        _REPACKED_AVX512_VNNI_PASS_ROWS if {"AVX512", "AVX512_VNNI"} <= features else _REPACKED_AVX2_PASS_ROWS
+    repacked = {}
+    if "AVX2" in features:
+        vnni512 = {"AVX512", "AVX512_VNNI"} <= features
+        repacked = _REPACKED_AVX512_VNNI_PASS_ROWS if vnni512 else _REPACKED_AVX2_PASS_ROWS
 
     def rows(t) -> int | None:
         kind = t.qtype.name

@@ -432,17 +432,12 @@ def test_the_rows_bound_follows_the_weight_types_and_the_cpu_backend(monkeypatch
     """The least bound the weights allow: none for F32, F16 and Q8_0, nor for Q6_K where the CPU
     backend has AVX2 and repacks it (rows in eights); 32 rows for Q4_K so repacked, none where the
     backend has AVX-512 with VNNI too; 16 otherwise."""
-    from types import SimpleNamespace
-
     from gguf import GGMLQuantizationType as Q
 
-    from laguna_dflash.convert.gguf.header import TensorInfo
-    from laguna_dflash.runtime import batch
+    from helpers.kernel_weights import rows_bound
 
     def bound(tensors, features):
-        infos = [TensorInfo(f"t{i}", shape, q, 0, 0) for i, (q, shape) in enumerate(tensors)]
-        monkeypatch.setattr(batch, "read_header_cached", lambda path: SimpleNamespace(tensors=infos))
-        return pass_rows_bound(SimpleNamespace(path="x.gguf"), frozenset(features))
+        return rows_bound(monkeypatch, tensors, features)
 
     q4_K_M = [(Q.F32, (2048,)), (Q.Q4_K, (512, 2048)), (Q.Q4_K, (64, 512, 2048)), (Q.Q6_K, (100352, 2048))]
     assert bound([(Q.F32, (128,)), (Q.Q8_0, (256, 128))], {"AVX"}) is None

@@ -164,16 +164,9 @@ def test_q4_K_passes_of_any_size_compute_each_row_as_alone_where_the_runtime_lif
     with AVX-512 and VNNI, runtime/batch.py's rows bound), every repacked Q4_K pass, a prompt's
     too, must compute each row as alone (patch 0037): 40- and 96-row dense passes, past the
     32 rows after which AVX2 builds take the gemm's 4-row tiles."""
-    from types import SimpleNamespace
-
     from gguf import GGMLQuantizationType as Q
 
-    from laguna_dflash.convert.gguf.header import TensorInfo
-    from laguna_dflash.runtime import batch
-
-    info = TensorInfo("blk.0.attn_q.weight", (512, 2048), Q.Q4_K, 0, 0)
-    monkeypatch.setattr(batch, "read_header_cached", lambda path: SimpleNamespace(tensors=[info]))
-    bound = batch.pass_rows_bound(SimpleNamespace(path="x.gguf"))
+    bound = kw.rows_bound(monkeypatch, [(Q.Q4_K, (512, 2048))])
     if bound is not None:
         pytest.skip(f"this CPU backend bounds a Q4_K pass to {bound} rows")
     prod = kw.Product(backend, kw.WeightShape("dense-q4_K-2048", "q4_K", 2048, 512))

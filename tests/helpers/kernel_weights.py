@@ -193,3 +193,16 @@ class Product:
                 bad += 1
                 worst = max(worst, float(np.abs(alone[0] - batch[r]).max()))
         return bad, worst
+
+
+def rows_bound(monkeypatch, tensors, features=None):
+    """runtime/batch.py's rows bound for a target whose header holds ``tensors`` ((type, shape)
+    pairs, gguf's types) on a CPU backend listing ``features`` (None: the installed one's)."""
+    from types import SimpleNamespace
+
+    from laguna_dflash.convert.gguf.header import TensorInfo
+    from laguna_dflash.runtime import batch
+
+    infos = [TensorInfo(f"t{i}", shape, q, 0, 0) for i, (q, shape) in enumerate(tensors)]
+    monkeypatch.setattr(batch, "read_header_cached", lambda path: SimpleNamespace(tensors=infos))
+    return batch.pass_rows_bound(SimpleNamespace(path="x.gguf"), None if features is None else frozenset(features))
