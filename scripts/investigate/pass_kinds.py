@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Where the batched engine's time goes by kind of pass, at fixed depths and under ``auto``.
+
+``auto`` prices a depth by its settled, timed passes only (runtime/batch.py, ``_plan_depths``):
+not a prompt's pass, nor the decoding pass right after one (where a drafter first reads the
+prompt's captured rows), nor the first pass of a new shape (a graph rebuilt, a drafter catching
+up on plain steps). Where drafting is marginal, what those other passes cost decides whether
+a depth wins. This runs the bundled code pair's workload of the concurrency benchmark (8 greedy
+completions of 64 tokens on 96-token prompts, one engine of ``--streams`` sequences, ``-t 2``),
+each depth of ``--depths`` in turn for ``--runs`` rounds, and sums every target pass's wall time
+(from the end of the last decode to the end of its own, as the planner times it) by kind:
+``prompt``, ``after-prompt``, ``new-shape``, ``settled``; per kind also the rows per sequence of
+the decoding passes. Beside each depth's total: its tokens per second over the run. A probe:
+
+    python -m scripts.investigate.pass_kinds --depths 0,4,auto --runs 5 --json kinds.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+import time
+from pathlib import Path
+
+from scripts.recorded import command_line, write_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--depths", default="0,4,auto", help="comma-separated fixed depths and/or auto")
+    ap.add_argument("--streams", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    depths = [d if d == "auto" else int(d) for d in args.depths.split(",")]
+
+    from laguna_dflash.runtime import assets
+    from laguna_dflash.runtime.batch import BatchEngine
+    from laguna_dflash.runtime.cores import cpu_facts
+    from laguna_dflash.runtime.engine import EngineConfig, GenerateOptions
+    from laguna_dflash.runtime.llama import Model
+    from laguna_dflash.runtime.open_pair import resolve_pair
+    from scripts.bench.bench_concurrency import in_a_thread, run_batched
+
+    pair = resolve_pair(assets.TINY_TARGET, assets.converted_tiny_drafter())
+    cfg = EngineConfig(n_ctx=1024, n_threads=args.threads, kv_type="f16", prompt_cache=False)
+    texts = assets.read_prompts(assets.CODE_PROMPTS)
+    target, drafter = Model(pair.target.path), Model(pair.drafter.path)
+    prompts = [target.tokenize(texts[i % len(texts)])[:96] for i in range(8)]
+    engine = BatchEngine(target, pair, cfg, n_seq=args.streams, drafter_model=drafter)
+
+    passes: list[tuple[str, tuple[int, ...], float]] = []
+    plan_depths = engine._plan_depths
+
+    def recorded(rnd) -> None:
+        seconds = time.perf_counter() - engine._t_pass
+        prompt = any(s.rows.prompt for s, _, _ in rnd.parts)
+        shape = (tuple(len(t) for _, t, _ in rnd.parts), frozenset(engine._captured))
+        kind = ("prompt" if prompt else "after-prompt" if engine._after_prompt
+                else "settled" if shape == engine._last_shape else "new-shape")
+        passes.append((kind, tuple(len(t) for _, t, _ in rnd.parts), seconds))
+        plan_depths(rnd)
+
+    engine._plan_depths = recorded
+    per_depth: dict[str, list[dict]] = {str(d): [] for d in depths}
+    for run in range(args.runs):
+        for d in depths:
+            passes.clear()
+            engine._t_pass = time.perf_counter()  # the run's first pass is timed from its start
+            summary, _ = in_a_thread(run_batched, engine, prompts, GenerateOptions(n_predict=64, n_max=d), args.streams)
+            kinds: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
+            rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+            for kind, shape, sec in passes:
+                kinds[kind][0] += 1
+                kinds[kind][1] += sec
+                if kind != "prompt":
+                    rows[kind][max(shape)] += 1
+            per_depth[str(d)].append({
+                "tokens_per_s": summary["aggregate"], "wall_s": summary["wall"],
+                "kinds": {k: {"passes": n, "ms": 1e3 * s, "ms_per_pass": 1e3 * s / n} for k, (n, s) in kinds.items()},
+                "rows_per_sequence": {k: dict(sorted(c.items())) for k, c in rows.items()}})
+            k = per_depth[str(d)][-1]["kinds"]
+            print(f"run {run + 1} depth {d}: {summary['aggregate']:.0f} tok/s; "
+                  + ", ".join(f"{kind} {v['passes']} x {v['ms_per_pass']:.2f} ms" for kind, v in sorted(k.items())),
+                  flush=True)
+    engine.close()
+    medians = {d: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+                   "ms_by_kind": {kind: statistics.median(r["kinds"].get(kind, {"ms": 0.0})["ms"] for r in runs)
+                                  for kind in ("prompt", "after-prompt", "new-shape", "settled")}}
+               for d, runs in per_depth.items()}
+    for d, m in medians.items():
+        print(f"depth {d}: median {m['tokens_per_s']:.0f} tok/s; ms by kind (medians) "
+              + ", ".join(f"{k} {v:.1f}" for k, v in m["ms_by_kind"].items()))
+    if args.json:
+        write_json(args.json, {"command": command_line(__file__, argv), "cpu": cpu_facts(), "threads": args.threads,
+                               "streams": args.streams, "runs": args.runs, "medians": medians, "per_run": per_depth})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
