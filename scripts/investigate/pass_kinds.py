@@ -52,18 +52,22 @@ def main(argv: list[str] | None = None) -> int:
     engine = BatchEngine(target, pair, cfg, n_seq=args.streams, drafter_model=drafter)
 
     passes: list[tuple[str, tuple[int, ...], float]] = []
-    plan_depths = engine._plan_depths
+    # the planner's own verdict on each pass (its clock, timed, settled), and the pass's rows
+    plan_depths, observe = engine._plan_depths, engine.planner.observe
+    this_pass: dict = {}
 
     def recorded(rnd) -> None:
-        seconds = time.perf_counter() - engine._t_pass
-        prompt = any(s.rows.prompt for s, _, _ in rnd.parts)
-        shape = (tuple(len(t) for _, t, _ in rnd.parts), frozenset(engine._captured))
-        kind = ("prompt" if prompt else "after-prompt" if engine._after_prompt
-                else "settled" if shape == engine._last_shape else "new-shape")
-        passes.append((kind, tuple(len(t) for _, t, _ in rnd.parts), seconds))
+        this_pass.update(prompt=any(s.rows.prompt for s, _, _ in rnd.parts),
+                         rows=tuple(len(t) for _, t, _ in rnd.parts))
         plan_depths(rnd)
 
-    engine._plan_depths = recorded
+    def observed(depths, other_rows, seconds, timed=True, settled=True) -> None:
+        kind = ("prompt" if this_pass["prompt"] else "after-prompt" if not timed
+                else "new-shape" if not settled else "settled")
+        passes.append((kind, this_pass["rows"], seconds))
+        observe(depths, other_rows, seconds, timed=timed, settled=settled)
+
+    engine._plan_depths, engine.planner.observe = recorded, observed
     per_depth: dict[str, list[dict]] = {str(d): [] for d in depths}
     for run in range(args.runs):
         for d in depths:
