@@ -23,18 +23,23 @@ import statistics
 import time
 from pathlib import Path
 
+from scripts.arguments import int_list
 from scripts.recorded import command_line, write_json
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--depths", default="0,4,auto", help="comma-separated fixed depths and/or auto")
+    ap.add_argument("--depths", type=int_list(0, 15, ("auto",)), default=(0, 4, "auto"),
+                    help="comma-separated fixed depths and/or auto")
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    depths = [d if d == "auto" else int(d) for d in args.depths.split(",")]
+    for name in ("streams", "runs", "threads"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name}: expected >= 1, found {getattr(args, name)}")
+    depths = list(args.depths)
 
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.batch import BatchEngine
