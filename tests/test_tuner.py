@@ -103,6 +103,22 @@ def test_looks_at_deep_depths_that_visits_never_reach_back_off():
         assert sum(1 for k in chosen[300:] if k) <= 12, (seed, sum(1 for k in chosen[300:] if k))
 
 
+def test_looks_from_plain_decoding_judge_only_depths_exploiting_could_reach():
+    """A CPU where the drafter's pass costs more than two plain steps (an AVX2 EPYC with the tiny
+    pair: depth 1 about 3.5 plain steps) and acceptance is code's: plain decoding is best at every
+    depth. With every acceptance two standard errors up, only depths far past any visit's (12-15)
+    could win; a look that found them winning would not be followed there (exploiting reaches
+    EXPLOIT_REACH past the deepest timed depth), so they must not call for looks. Judging every
+    depth, the tuner looked every 8-16 rounds for ever (19 drafting rounds after the first 100 of
+    600, 0.87-0.89 of plain decoding, in these three seeds)."""
+    for seed in (1, 2, 3):
+        pair = SimPair(lambda i: 0.75, per_row=0.35, draft=2.2, seed=seed)
+        assert max(range(MAX_DEPTH + 1), key=pair.expected_rate) == 0
+        rate, chosen = run(AutoDepth(MAX_DEPTH, window=512), pair, 600)
+        assert sum(1 for k in chosen[100:] if k) <= 6, (seed, sum(1 for k in chosen[100:] if k))
+        assert rate >= 0.9 * pair.expected_rate(0), seed
+
+
 def test_exploring_away_from_plain_decoding_stays_within_its_budget():
     """A drafting round after many plain steps pays for the drafter's catch-up on the skipped rows
     (0.03 of a plain step per row, up to the 512-row window, as on laguna-tiny); exploration must still cost only about 1%."""

@@ -83,8 +83,9 @@ class AutoDepth(DepthPolicy):
       untimed) goes to a neighbour of the best depth, in the order of ``explore_turns`` (offsets;
       None: plain decoding; depth 1's lower neighbour is plain decoding, and a turn past the
       deepest depth goes one below it instead), or, while plain decoding is best, to the drafting
-      depth of best expected throughput. The interval doubles from ``min_explore_every`` to
-      ``max_explore_every`` while visits change nothing, and resets when the best depth changes.
+      depth of best expected throughput among those exploiting could reach. The interval
+      doubles from ``min_explore_every`` to ``max_explore_every`` while visits change nothing,
+      and resets when the best depth changes.
     * **Budget**: a visit that cost ``extra`` seconds more than as many rounds at the best depth
       puts the next one extra / (``explore_budget`` x the best depth's cost) rounds later, at
       most ``max_wait`` (at most ``max_explore_every`` while drafting). A round counts at most
@@ -92,8 +93,8 @@ class AutoDepth(DepthPolicy):
       rounds, the drafter's catch-up and a graph rebuild each way.
     * **Leaving plain decoding alone**: while fewer than ``min_evidence`` decayed drafting rounds
       stand behind position 1, or no drafting depth was timed in the current context band, or
-      some depth would beat plain decoding clearly enough with every acceptance ``look_z``
-      standard errors higher, the next visit comes after
+      some depth exploiting could reach would beat plain decoding clearly enough with every
+      acceptance ``look_z`` standard errors higher, the next visit comes after
       ``min_explore_every`` rounds. For that last reason alone, once twice ``min_evidence``
       stands behind position 1, each wait is twice the last, up to the budget's wait (not
       held to the floor of two windows below): the optimism is then about deep positions that
@@ -386,9 +387,7 @@ class AutoDepth(DepthPolicy):
 
     def _explore_depth(self) -> int:
         if self.best == 0:
-            tput = self.throughput()
-            if self.graph_replay:  # as far as _drafting_could_win looks
-                tput = tput[:self._reachable() + 1]
+            tput = self.throughput()[:self._reachable() + 1]  # as far as _drafting_could_win looks
             return max(range(1, len(tput)), key=tput.__getitem__)
         self._explored += 1
         step = self.explore_turns[self._explored % len(self.explore_turns)]
@@ -482,9 +481,9 @@ class AutoDepth(DepthPolicy):
     def _drafting_could_win(self) -> bool:
         """Whether some depth beats plain decoding by twice the switch margin with every
         acceptance ``look_z`` standard errors higher (unreached positions keep their prior's width)."""
-        tput = self.throughput(z=self.look_z)
-        if self.graph_replay:  # only depths a visit would reach: each costs switches
-            tput = tput[:self._reachable() + 1]
+        # only depths exploiting could reach: a look that found a deeper one winning would not
+        # be followed there, so its rounds and switches would buy nothing
+        tput = self.throughput(z=self.look_z)[:self._reachable() + 1]
         return max(tput[1:]) >= (1.0 + 2.0 * self.switch_margin) * tput[0]
 
     def decision(self) -> dict:
