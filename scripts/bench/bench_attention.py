@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from scripts.arguments import int_list
+from scripts.bench.bench_lib_ab import cells_summary
 from scripts.recorded import command_line, write_results
 
 #: name -> (head width, query heads, KV heads)
@@ -92,16 +93,7 @@ def worker(args) -> dict:
 
 
 def summary(trials: dict[str, list[dict]]) -> dict:
-    res = {}
-    for key in trials["A"][0]:
-        row = {}
-        for side in ("A", "B"):
-            ms = [t[key]["ms"] for t in trials[side]]
-            row[side] = {"median": statistics.median(ms), "min": min(ms), "max": max(ms), "per_worker": ms}
-        row["B/A"] = row["B"]["median"] / row["A"]["median"]
-        row["outputs_equal"] = len({t[key]["sha"] for side in ("A", "B") for t in trials[side]}) == 1
-        res[key] = row
-    return res
+    return cells_summary(trials, "ms", "sha")
 
 
 def plot(result: dict, png: Path) -> None:

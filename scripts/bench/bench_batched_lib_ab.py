@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 from scripts.arguments import int_list
-from scripts.bench.bench_lib_ab import installed_lib_dir, run_worker
+from scripts.bench.bench_lib_ab import cells_summary, installed_lib_dir, run_worker
 from scripts.recorded import command_line, write_results
 
 
@@ -56,16 +55,7 @@ def worker(args) -> dict:
 
 
 def summary(trials: dict[str, list[dict]]) -> dict:
-    res = {}
-    for key in trials["A"][0]:
-        row = {}
-        for side in ("A", "B"):
-            v = [t[key]["aggregate"] for t in trials[side]]
-            row[side] = {"median": statistics.median(v), "min": min(v), "max": max(v), "per_worker": v}
-        row["B/A"] = row["B"]["median"] / row["A"]["median"]
-        row["outputs_equal"] = len({t[key]["outputs_sha"] for side in ("A", "B") for t in trials[side]}) == 1
-        res[key] = row
-    return res
+    return cells_summary(trials, "aggregate", "outputs_sha")
 
 
 def plot(result: dict, path: Path) -> None:

@@ -99,6 +99,22 @@ def summary(trials: dict[str, list[dict]]) -> dict:
     return res
 
 
+def cells_summary(trials: dict[str, list[dict]], value: str, digest: str) -> dict:
+    """Per cell of interleaved A and B workers (each worker: {cell: {value: .., digest: ..}}): each
+    side's median, min, max and per-worker ``value``, B's median over A's, and whether every worker
+    on both sides gave the same ``digest``."""
+    res = {}
+    for key in trials["A"][0]:
+        row = {}
+        for side in ("A", "B"):
+            v = [t[key][value] for t in trials[side]]
+            row[side] = {"median": statistics.median(v), "min": min(v), "max": max(v), "per_worker": v}
+        row["B/A"] = row["B"]["median"] / row["A"]["median"]
+        row["outputs_equal"] = len({t[key][digest] for side in ("A", "B") for t in trials[side]}) == 1
+        res[key] = row
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--a", type=Path, default=None, help="library dir A (default: the installed wheel's)")
