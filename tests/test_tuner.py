@@ -106,9 +106,10 @@ def test_looks_at_deep_depths_that_visits_never_reach_back_off():
 def test_looks_from_plain_decoding_judge_only_depths_exploiting_could_reach():
     """A CPU where the drafter's pass costs more than two plain steps (an AVX2 EPYC with the tiny
     pair: depth 1 about 3.5 plain steps) and acceptance is code's: plain decoding is best at every
-    depth. With every acceptance two standard errors up, only depths far past any visit's (12-15)
-    could win; a look that found them winning would not be followed there (exploiting reaches
-    EXPLOIT_REACH past the deepest timed depth), so they must not call for looks. Judging every
+    depth. With every acceptance two standard errors up, only depths past those exploiting would
+    reach could win (7-15 where the deepest timed depth is 4-7: exploiting goes EXPLOIT_REACH
+    further); a look that found them winning would not be followed there, so they must not call
+    for looks. Judging every
     depth, the tuner looked every 8-16 rounds for ever (19 drafting rounds after the first 100 of
     600, 0.87-0.89 of plain decoding, in these three seeds)."""
     for seed in (1, 2, 3):
