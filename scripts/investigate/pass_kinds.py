@@ -43,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.batch import BatchEngine
-    from laguna_dflash.runtime.cores import cpu_facts
     from laguna_dflash.runtime.engine import EngineConfig, GenerateOptions
     from laguna_dflash.runtime.llama import Model
     from laguna_dflash.runtime.open_pair import resolve_pair
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"depth {d}: median {m['tokens_per_s']:.0f} tok/s; ms by kind (medians) "
               + ", ".join(f"{k} {v:.1f}" for k, v in m["ms_by_kind"].items()))
     if args.json:
-        write_json(args.json, {"command": command_line(__file__, argv), "cpu": cpu_facts(), "threads": args.threads,
+        write_json(args.json, {"command": command_line(__file__, argv), "threads": args.threads,
                                "streams": args.streams, "runs": args.runs, "medians": medians, "per_run": per_depth})
     return 0
 
