@@ -140,26 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.b is None:
         ap.error("--b: required (the library dir to compare with --a)")
     from rich.console import Console
-    from rich.progress import Progress
 
-    from scripts.bench.bench_lib_ab import installed_lib_dir, run_worker
+    from scripts.bench.bench_lib_ab import installed_lib_dir, interleaved_trials, require_libs
 
     console = Console(stderr=True)
     lib_a = args.a or installed_lib_dir()
-    for flag, lib in (("--a", lib_a), ("--b", args.b)):
-        if not (lib / "libggml-cpu.so").exists():
-            ap.error(f"{flag}: no libggml-cpu.so in {lib}")
+    require_libs(ap, {"--a": lib_a, "--b": args.b}, "libggml-cpu.so")
     wargs = ["--shapes", ",".join(args.shapes), "--xs-contexts", ",".join(map(str, args.xs_contexts)),
              "--tiny-contexts", ",".join(map(str, args.tiny_contexts)), "--rows", ",".join(map(str, args.rows)),
              "--threads", ",".join(map(str, args.threads)), "--reps", str(args.reps),
              "--reps-long", str(args.reps_long)]
-    trials: dict[str, list[dict]] = {"A": [], "B": []}
-    with Progress(console=console) as prog:
-        task = prog.add_task("workers", total=2 * args.pairs)
-        for _ in range(args.pairs):
-            for side, lib in (("A", lib_a), ("B", args.b)):
-                trials[side].append(run_worker(lib, wargs, "scripts.bench.bench_attention"))
-                prog.advance(task)
+    trials = interleaved_trials({"A": lib_a, "B": args.b}, args.pairs, wargs, "scripts.bench.bench_attention", console)
     cells_ = summary(trials)
     result = {"command": command_line(__file__, argv), "a": str(lib_a), "b": str(args.b),
               "pairs": args.pairs, "reps": args.reps, "reps_long": args.reps_long, "cells": cells_,

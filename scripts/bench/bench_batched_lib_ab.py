@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from scripts.arguments import int_list
-from scripts.bench.bench_lib_ab import cells_summary, installed_lib_dir, run_worker
+from scripts.bench.bench_lib_ab import cells_summary, installed_lib_dir, interleaved_trials, require_libs
 from scripts.recorded import command_line, write_results
 
 
@@ -103,20 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.a is None:
         ap.error("--a is required: the baseline's llama_cpp/lib folder")
     lib_b = args.b or installed_lib_dir()
+    require_libs(ap, {"--a": args.a, "--b": lib_b}, "libllama.so")
     wargs = ["--streams", ",".join(map(str, args.streams)), "--depths", ",".join(map(str, args.depths)),
              "--requests", str(args.requests), "--threads", str(args.threads), "--lanes", str(args.lanes)]
     from rich.console import Console
-    from rich.progress import Progress
 
     console = Console(stderr=True)
-    trials: dict[str, list[dict]] = {"A": [], "B": []}
     t0 = time.time()
-    with Progress(console=console) as progress:
-        task = progress.add_task("worker pairs", total=args.pairs)
-        for _ in range(args.pairs):
-            for side, lib in (("A", args.a), ("B", lib_b)):
-                trials[side].append(run_worker(lib, wargs, module="scripts.bench.bench_batched_lib_ab"))
-            progress.advance(task)
+    trials = interleaved_trials({"A": args.a, "B": lib_b}, args.pairs, wargs, "scripts.bench.bench_batched_lib_ab",
+                                console)
     res = summary(trials)
     for key, row in res.items():
         a, b = row["A"], row["B"]

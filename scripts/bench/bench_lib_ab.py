@@ -99,6 +99,28 @@ def summary(trials: dict[str, list[dict]]) -> dict:
     return res
 
 
+def require_libs(ap: argparse.ArgumentParser, libs: dict[str, Path], name: str) -> None:
+    """Refuse, in argparse's one line, a library folder (by its flag) that does not hold ``name``."""
+    for flag, lib in libs.items():
+        if not (lib / name).is_file():
+            ap.error(f"{flag}: no {name} in {lib}")
+
+
+def interleaved_trials(libs: dict[str, Path], pairs: int, wargs: list[str], module: str, console) -> dict[str, list[dict]]:
+    """``pairs`` rounds of one ``module`` worker per side (``libs``: side -> library folder, in
+    the order they take turns), a progress bar on ``console``: per side, each worker's result."""
+    from rich.progress import Progress
+
+    trials: dict[str, list[dict]] = {side: [] for side in libs}
+    with Progress(console=console) as progress:
+        task = progress.add_task("workers", total=len(libs) * pairs)
+        for _ in range(pairs):
+            for side, lib in libs.items():
+                trials[side].append(run_worker(lib, wargs, module))
+                progress.advance(task)
+    return trials
+
+
 def cells_summary(trials: dict[str, list[dict]], value: str, digest: str) -> dict:
     """Per cell of interleaved A and B workers (each worker: {cell: {value: .., digest: ..}}): each
     side's median, min, max and per-worker ``value``, B's median over A's, and whether every worker

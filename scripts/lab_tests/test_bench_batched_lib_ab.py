@@ -24,6 +24,7 @@ def test_bad_arguments_are_refused_in_one_line(capsys, tmp_path):
     assert "--pairs: expected >= 1, found 0" in refusal(capsys, bench_batched_lib_ab.main, "--a", str(tmp_path),
                                                            "--pairs", "0")
     assert "--depths" in refusal(capsys, bench_batched_lib_ab.main, "--a", str(tmp_path), "--depths", "0,16")
+    assert f"--a: no libllama.so in {tmp_path}" in refusal(capsys, bench_batched_lib_ab.main, "--a", str(tmp_path))
     assert "--repeats: expected >= 1, found 0" in refusal(capsys, shape_switch.main, "--repeats", "0")
 
 
