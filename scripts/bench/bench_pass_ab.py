@@ -10,8 +10,11 @@ take turns one burst of decoding passes at a time: A's burst, B's, B's, A's, ...
 alternates so that neither side always runs second); only one side computes at any moment, the
 other waits on its pipe. A pass of ``k`` rows is one sequence's ``k`` tokens after the prompt,
 logits on every row (a verify pass; ``k = 1`` a plain step), then the same cells are removed, so
-every pass of a row count computes the same thing. A burst is ``--burst`` passes, of which the
-first is not timed (the side's threads wake and its data return to the caches). A process keeps
+every pass of a row count computes the same thing. A row spec ``k1:k2`` cycles through passes of
+k1 and k2 rows, as ``auto`` alternates plain steps and verifies, so that what a change of batch
+shape costs (a graph rebuilt) is in its time. A burst is ``--burst`` cycles (a cycle is one pass
+of each of the spec's row counts), of which the first is not timed (the side's threads wake and
+its data return to the caches); a burst's time is the median of its cycles' times. A process keeps
 its own pace for its life (the same library in two processes ran 0.8x-1.16x the other in probes:
 where the loader put things), so the run takes ``--pairs`` fresh pairs in turn.
 
@@ -21,7 +24,7 @@ the median over the pairs of those medians, their range, each side's median ms p
 whether every pass of both builds had the same logits bits. Statistic fixed here, before any
 run.
 
-    python -m scripts.bench.bench_pass_ab --a ~/lib-before --rows 1,2,5,20 --pairs 12 --json ab.json --png ab.png
+    python -m scripts.bench.bench_pass_ab --a ~/lib-before --rows 1,2,5,20,1:5 --pairs 12 --json ab.json --png ab.png
 """
 
 from __future__ import annotations
@@ -36,16 +39,33 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.arguments import int_list
 from scripts.bench.bench_lib_ab import installed_lib_dir, require_libs
 from scripts.recorded import command_line, write_results
 
 PROMPT_TOKENS = 96
+MAX_ROWS = 64
+
+
+def row_specs(text: str) -> tuple[tuple[int, ...], ...]:
+    """``1,2,5,20,1:5``: passes of 1, 2, 5 and 20 rows, and passes of 1 and 5 rows in turn."""
+    try:
+        specs = tuple(tuple(int(k) for k in item.split(":")) for item in text.split(","))
+    except ValueError:
+        specs = ()
+    if not specs or any(not 1 <= k <= MAX_ROWS for spec in specs for k in spec):
+        raise argparse.ArgumentTypeError(f"row counts in 1..{MAX_ROWS}, comma-separated, a cycle of them "
+                                         f"joined by ':'; found {text!r}")
+    return specs
+
+
+def spec_name(spec: tuple[int, ...]) -> str:
+    return ":".join(map(str, spec))
 
 
 def serve(args) -> None:
-    """The worker: one context after the prompt; per line ``k`` from the parent, a timed pass of
-    ``k`` rows, answered with its ms and the digest of its logits."""
+    """The worker: one context after the prompt; per line ``spec burst`` from the parent, the
+    burst's cycles timed, answered with the median cycle's ms and the digest of the last pass's
+    logits."""
     from laguna_dflash.runtime import assets
     from laguna_dflash.runtime.llama import Context, ContextParams, Model
 
@@ -57,16 +77,21 @@ def serve(args) -> None:
     pos = len(tokens)
     print("ready", flush=True)
     for line in sys.stdin:
-        k, burst = map(int, line.split())
+        spec, burst = line.split()
+        cycle = [int(k) for k in spec.split(":")]
         ms = []
-        for _ in range(burst):
-            t0 = time.perf_counter()
-            ctx.decode_block(tokens[:k], pos, 0)
-            ms.append(1e3 * (time.perf_counter() - t0))
-            digest = hashlib.sha256(ctx.logits_block(k).tobytes()).hexdigest()[:12]
-            ctx.seq_rm(pos)
-        # the first pass of a burst wakes the threads and refills the caches the other side used
-        print(json.dumps({"ms": statistics.median(ms[1:]) if burst > 1 else ms[0], "logits_sha": digest}), flush=True)
+        for _ in range(int(burst)):
+            cycle_ms = 0.0
+            for k in cycle:
+                t0 = time.perf_counter()
+                ctx.decode_block(tokens[:k], pos, 0)
+                cycle_ms += 1e3 * (time.perf_counter() - t0)
+                digest = hashlib.sha256(ctx.logits_block(k).tobytes()).hexdigest()[:12]
+                ctx.seq_rm(pos)
+            ms.append(cycle_ms)
+        # the first cycle of a burst wakes the threads and refills the caches the other side used
+        print(json.dumps({"ms": statistics.median(ms[1:]) if len(ms) > 1 else ms[0], "logits_sha": digest}),
+              flush=True)
 
 
 class Worker:
@@ -78,8 +103,8 @@ class Worker:
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"worker with {lib} did not start (exit code {self.proc.wait()})")
 
-    def run(self, rows: int, burst: int) -> dict:
-        self.proc.stdin.write(f"{rows} {burst}\n")
+    def run(self, spec: tuple[int, ...], burst: int) -> dict:
+        self.proc.stdin.write(f"{spec_name(spec)} {burst}\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -91,18 +116,18 @@ class Worker:
         self.proc.wait(timeout=30)
 
 
-def summary(pairs: list[dict[int, list[dict]]]) -> dict:
-    """Per row count: the median over pairs of each pair's median per-turn B/A, with their range;
-    each side's median ms per pass over every turn; whether every pass had the same logits."""
+def summary(pairs: list[dict[str, list[dict]]]) -> dict:
+    """Per row spec: the median over pairs of each pair's median per-turn B/A, with their range;
+    each side's median ms per burst over every turn; whether every pass had the same logits."""
     res = {}
-    for rows in pairs[0]:
-        per_pair = [statistics.median(t["B"]["ms"] / t["A"]["ms"] for t in p[rows]) for p in pairs]
-        a = [t["A"]["ms"] for p in pairs for t in p[rows]]
-        b = [t["B"]["ms"] for p in pairs for t in p[rows]]
-        res[str(rows)] = {"A_ms": statistics.median(a), "B_ms": statistics.median(b),
-                          "B/A": statistics.median(per_pair), "B/A min": min(per_pair), "B/A max": max(per_pair),
-                          "B/A per pair": per_pair,
-                          "logits_equal": len({t[s]["logits_sha"] for p in pairs for t in p[rows] for s in "AB"}) == 1}
+    for spec in pairs[0]:
+        per_pair = [statistics.median(t["B"]["ms"] / t["A"]["ms"] for t in p[spec]) for p in pairs]
+        a = [t["A"]["ms"] for p in pairs for t in p[spec]]
+        b = [t["B"]["ms"] for p in pairs for t in p[spec]]
+        res[spec] = {"A_ms": statistics.median(a), "B_ms": statistics.median(b),
+                     "B/A": statistics.median(per_pair), "B/A min": min(per_pair), "B/A max": max(per_pair),
+                     "B/A per pair": per_pair,
+                     "logits_equal": len({t[s]["logits_sha"] for p in pairs for t in p[spec] for s in "AB"}) == 1}
     return res
 
 
@@ -132,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--a", type=Path, help="library dir A (the baseline)")
     ap.add_argument("--b", type=Path, default=None, help="library dir B (default: the installed wheel's)")
     ap.add_argument("--target", type=Path, help="target GGUF (default: the bundled tiny target)")
-    ap.add_argument("--rows", type=int_list(1, 64), default=(1, 2, 5, 20), help="rows of a pass, comma separated")
+    ap.add_argument("--rows", type=row_specs, default=((1,), (2,), (5,), (20,)),
+                    help="rows of a pass, comma separated; k1:k2 passes of k1 and k2 rows in turn")
     ap.add_argument("--pairs", type=int, default=12, help="pairs of worker processes, one after another")
-    ap.add_argument("--turns", type=int, default=40, help="timed turns (one burst of each side) a row count and pair")
-    ap.add_argument("--burst", type=int, default=5, help="passes a burst, the first untimed")
+    ap.add_argument("--turns", type=int, default=40, help="timed turns (one burst of each side) a row spec and pair")
+    ap.add_argument("--burst", type=int, default=5, help="cycles a burst (a pass of each row count of a spec), the first untimed")
     ap.add_argument("--warmup", type=int, default=4, help="untimed turns before them")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
@@ -160,35 +186,35 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console(stderr=True)
     t0 = time.time()
-    pairs: list[dict[int, list[dict]]] = []
+    pairs: list[dict[str, list[dict]]] = []
     with Progress(console=console) as progress:
         task = progress.add_task("turns", total=args.pairs * len(args.rows) * (args.warmup + args.turns))
         for pair in range(args.pairs):
             start = ("A", "B") if pair % 2 == 0 else ("B", "A")
             sides = {side: Worker({"A": args.a, "B": lib_b}[side], wargs) for side in start}
-            turns: dict[int, list[dict]] = {}
+            turns: dict[str, list[dict]] = {}
             try:
-                for rows in args.rows:
-                    turns[rows] = []
+                for spec in args.rows:
+                    turns[spec_name(spec)] = []
                     for i in range(args.warmup + args.turns):
                         order = "AB" if i % 2 == 0 else "BA"
-                        turn = {side: sides[side].run(rows, args.burst) for side in order}
+                        turn = {side: sides[side].run(spec, args.burst) for side in order}
                         if i >= args.warmup:
-                            turns[rows].append(turn)
+                            turns[spec_name(spec)].append(turn)
                         progress.advance(task)
             finally:
                 for w in sides.values():
                     w.close()
             pairs.append(turns)
     res = summary(pairs)
-    for rows, row in res.items():
-        console.print(f"{rows:>3s} rows  A {row['A_ms']:7.3f} ms  B {row['B_ms']:7.3f} ms  "
+    for spec, row in res.items():
+        console.print(f"{spec:>4s} rows  A {row['A_ms']:7.3f} ms  B {row['B_ms']:7.3f} ms  "
                       f"B/A {row['B/A']:.3f} [{row['B/A min']:.3f}-{row['B/A max']:.3f}]  logits equal: {row['logits_equal']}")
     result = {"command": command_line(__file__, argv), "lib_a": str(args.a), "lib_b": str(lib_b),
               "target": str(args.target or "bundled tiny target"), "threads": args.threads, "pairs": args.pairs, "turns": args.turns,
               "burst": args.burst, "warmup": args.warmup, "prompt_tokens": PROMPT_TOKENS, "seconds": time.time() - t0,
               "summary": res,
-              "turns_ms": [{str(k): [[t["A"]["ms"], t["B"]["ms"]] for t in v] for k, v in p.items()} for p in pairs]}
+              "turns_ms": [{k: [[t["A"]["ms"], t["B"]["ms"]] for t in v] for k, v in p.items()} for p in pairs]}
     write_results(result, args.json, args.png, plot, console)
     return 0
 

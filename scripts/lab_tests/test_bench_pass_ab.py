@@ -26,9 +26,16 @@ def test_bad_arguments_are_refused_in_one_line(capsys, tmp_path):
     assert "--pairs: expected >= 1, found 0" in refusal(capsys, "--a", str(tmp_path), "--pairs", "0")
     assert "--burst: expected >= 1, found 0" in refusal(capsys, "--a", str(tmp_path), "--burst", "0")
     assert "--rows" in refusal(capsys, "--a", str(tmp_path), "--rows", "0,2")
+    assert "--rows" in refusal(capsys, "--a", str(tmp_path), "--rows", "1:65")
+    assert "--rows" in refusal(capsys, "--a", str(tmp_path), "--rows", "1:")
     assert f"--target: no file {tmp_path / 'x.gguf'}" in refusal(capsys, "--a", str(tmp_path), "--target",
                                                                   str(tmp_path / "x.gguf"))
     assert f"--a: no libllama.so in {tmp_path}" in refusal(capsys, "--a", str(tmp_path))
+
+
+def test_row_specs_are_row_counts_and_cycles_of_them():
+    assert bench_pass_ab.row_specs("1,5,1:5") == ((1,), (5,), (1, 5))
+    assert [bench_pass_ab.spec_name(s) for s in bench_pass_ab.row_specs("20,2:1:3")] == ["20", "2:1:3"]
 
 
 def turn(a_ms: float, b_ms: float, sha: str = "x") -> dict:
@@ -36,16 +43,16 @@ def turn(a_ms: float, b_ms: float, sha: str = "x") -> dict:
 
 
 def test_the_summary_is_the_median_over_pairs_of_each_pairs_median_ratio():
-    pairs = [{2: [turn(1.0, 0.9), turn(2.0, 1.0), turn(1.0, 1.2)]},   # ratios 0.9, 0.5, 1.2: median 0.9
-             {2: [turn(1.0, 1.1), turn(1.0, 1.0), turn(1.0, 0.7)]},   # 1.1, 1.0, 0.7: 1.0
-             {2: [turn(4.0, 3.0), turn(4.0, 3.2), turn(4.0, 3.6)]}]   # 0.75, 0.8, 0.9: 0.8
+    pairs = [{"2": [turn(1.0, 0.9), turn(2.0, 1.0), turn(1.0, 1.2)]},   # ratios 0.9, 0.5, 1.2: median 0.9
+             {"2": [turn(1.0, 1.1), turn(1.0, 1.0), turn(1.0, 0.7)]},   # 1.1, 1.0, 0.7: 1.0
+             {"2": [turn(4.0, 3.0), turn(4.0, 3.2), turn(4.0, 3.6)]}]   # 0.75, 0.8, 0.9: 0.8
     row = bench_pass_ab.summary(pairs)["2"]
     assert row["B/A per pair"] == pytest.approx([0.9, 1.0, 0.8])
     assert row["B/A"] == pytest.approx(0.9)
     assert (row["B/A min"], row["B/A max"]) == pytest.approx((0.8, 1.0))
     assert row["A_ms"] == 1.0 and row["B_ms"] == 1.1  # each side over every turn of every pair
     assert row["logits_equal"]
-    pairs[1][2][2] = {"A": {"ms": 1.0, "logits_sha": "x"}, "B": {"ms": 0.7, "logits_sha": "y"}}
+    pairs[1]["2"][2] = {"A": {"ms": 1.0, "logits_sha": "x"}, "B": {"ms": 0.7, "logits_sha": "y"}}
     assert not bench_pass_ab.summary(pairs)["2"]["logits_equal"]
 
 
@@ -54,10 +61,10 @@ def test_one_library_against_itself_has_the_same_logits(tmp_path):
     if not (lib / "libllama.so").is_file():
         pytest.skip("no libllama.so in the installed llama_cpp")
     out = tmp_path / "ab.json"
-    assert bench_pass_ab.main(["--a", str(lib), "--b", str(lib), "--rows", "1,3", "--pairs", "2", "--turns", "2",
+    assert bench_pass_ab.main(["--a", str(lib), "--b", str(lib), "--rows", "1,1:3", "--pairs", "2", "--turns", "2",
                                "--warmup", "0", "--burst", "2", "--threads", "1", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert set(result["summary"]) == {"1", "3"}
+    assert set(result["summary"]) == {"1", "1:3"}
     assert all(row["logits_equal"] and len(row["B/A per pair"]) == 2 for row in result["summary"].values())
-    assert len(result["turns_ms"]) == 2 and len(result["turns_ms"][0]["3"]) == 2
+    assert len(result["turns_ms"]) == 2 and len(result["turns_ms"][0]["1:3"]) == 2
     assert result["cpu"]["cores"] >= 1
