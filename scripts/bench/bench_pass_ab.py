@@ -14,15 +14,16 @@ every pass of a row count computes the same thing. A row spec ``k1:k2`` cycles t
 k1 and k2 rows, as ``auto`` alternates plain steps and verifies, so that what a change of batch
 shape costs (a graph rebuilt) is in its time. A burst is ``--burst`` cycles (a cycle is one pass
 of each of the spec's row counts), of which the first is not timed (the side's threads wake and
-its data return to the caches); a burst's time is the median of its cycles' times. A process keeps
-its own pace for its life (the same library in two processes ran 0.8x-1.16x the other in probes:
-where the loader put things), so the run takes ``--pairs`` fresh pairs in turn.
+its data return to the caches); a burst's time is the median of its cycles' times. A process can
+keep its own pace for its life (in probes the same library ran 0.81x-1.16x itself in the other
+process of a pair, turn after turn; the cause was not found), so the run takes ``--pairs`` fresh
+pairs in turn.
 
-Per pair and row count, after ``--warmup`` untimed turns, the median of the per-turn ratios
-B/A (a turn's two bursts run milliseconds apart and share the machine's pace); per row count,
-the median over the pairs of those medians, their range, each side's median ms per pass, and
-whether every pass of both builds had the same logits bits. Statistic fixed here, before any
-run.
+Per pair and row spec, after ``--warmup`` untimed turns, the median of the per-turn ratios
+B/A (a turn's two bursts run milliseconds apart and share the machine's pace); per row spec,
+the median over the pairs of those medians, their range, each side's median ms a cycle (a pass,
+for a single row count), and whether every pass of both builds had the same logits bits.
+Statistic fixed here, before any run.
 
     python -m scripts.bench.bench_pass_ab --a ~/lib-before --rows 1,2,5,20,1:5 --pairs 12 --json ab.json --png ab.png
 """
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="rows of a pass, comma separated; k1:k2 passes of k1 and k2 rows in turn")
     ap.add_argument("--pairs", type=int, default=12, help="pairs of worker processes, one after another")
     ap.add_argument("--turns", type=int, default=40, help="timed turns (one burst of each side) a row spec and pair")
-    ap.add_argument("--burst", type=int, default=5, help="cycles a burst (a pass of each row count of a spec), the first untimed")
+    ap.add_argument("--burst", type=int, default=5,
+                    help="cycles a burst (a pass of each row count of a spec), the first untimed")
     ap.add_argument("--warmup", type=int, default=4, help="untimed turns before them")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
@@ -209,11 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     res = summary(pairs)
     for spec, row in res.items():
         console.print(f"{spec:>4s} rows  A {row['A_ms']:7.3f} ms  B {row['B_ms']:7.3f} ms  "
-                      f"B/A {row['B/A']:.3f} [{row['B/A min']:.3f}-{row['B/A max']:.3f}]  logits equal: {row['logits_equal']}")
+                      f"B/A {row['B/A']:.3f} [{row['B/A min']:.3f}-{row['B/A max']:.3f}]  "
+                      f"logits equal: {row['logits_equal']}")
     result = {"command": command_line(__file__, argv), "lib_a": str(args.a), "lib_b": str(lib_b),
-              "target": str(args.target or "bundled tiny target"), "threads": args.threads, "pairs": args.pairs, "turns": args.turns,
-              "burst": args.burst, "warmup": args.warmup, "prompt_tokens": PROMPT_TOKENS, "seconds": time.time() - t0,
-              "summary": res,
+              "target": str(args.target or "bundled tiny target"), "threads": args.threads, "pairs": args.pairs,
+              "turns": args.turns, "burst": args.burst, "warmup": args.warmup, "prompt_tokens": PROMPT_TOKENS,
+              "seconds": time.time() - t0, "summary": res,
               "turns_ms": [{k: [[t["A"]["ms"], t["B"]["ms"]] for t in v] for k, v in p.items()} for p in pairs]}
     write_results(result, args.json, args.png, plot, console)
     return 0
