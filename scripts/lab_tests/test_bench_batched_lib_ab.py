@@ -8,15 +8,7 @@ import pytest
 
 from scripts.bench import bench_batched_lib_ab
 from scripts.investigate import shape_switch
-
-
-def refusal(capsys, main, *argv: str) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(list(argv))
-    assert exc.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert "Traceback" not in "\n".join(lines)
-    return lines[-1]
+from scripts.lab_tests.refusals import refusal
 
 
 def test_bad_arguments_are_refused_in_one_line(capsys, tmp_path):

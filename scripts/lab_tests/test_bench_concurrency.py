@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from laguna_dflash.runtime import assets
 from scripts.bench import bench_concurrency
+from scripts.lab_tests import refusals
 
 
 def refusal(capsys, *argv: str) -> str:
-    with pytest.raises(SystemExit) as exc:
-        bench_concurrency.main(list(argv))
-    assert exc.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert "Traceback" not in "\n".join(lines)
-    return lines[-1]
+    return refusals.refusal(capsys, bench_concurrency.main, *argv)
 
 
 def test_a_target_without_a_drafter_refuses_a_draft_depth_before_loading(capsys, tmp_path):

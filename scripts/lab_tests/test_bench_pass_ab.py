@@ -10,15 +10,11 @@ import pytest
 
 from scripts.bench import bench_pass_ab
 from scripts.bench.bench_lib_ab import installed_lib_dir
+from scripts.lab_tests import refusals
 
 
 def refusal(capsys, *argv: str) -> str:
-    with pytest.raises(SystemExit) as exc:
-        bench_pass_ab.main(list(argv))
-    assert exc.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert "Traceback" not in "\n".join(lines)
-    return lines[-1]
+    return refusals.refusal(capsys, bench_pass_ab.main, *argv)
 
 
 def test_bad_arguments_are_refused_in_one_line(capsys, tmp_path):
