@@ -50,6 +50,9 @@ def test_the_summary_is_the_median_over_pairs_of_each_pairs_median_ratio():
     assert row["logits_equal"]
     pairs[1]["2"][2] = {"A": {"ms": 1.0, "logits_sha": "x"}, "B": {"ms": 0.7, "logits_sha": "y"}}
     assert not bench_pass_ab.summary(pairs)["2"]["logits_equal"]
+    # passes of one burst that disagreed, the same on every turn and side, are not equal logits
+    pairs = [{"2": [turn(1.0, 1.0, "x,y"), turn(1.0, 1.0, "x,y")]}]
+    assert not bench_pass_ab.summary(pairs)["2"]["logits_equal"]
 
 
 def test_one_library_against_itself_has_the_same_logits(tmp_path):
