@@ -177,8 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, least in (("pairs", 1), ("turns", 1), ("burst", 1), ("warmup", 0), ("threads", 1)):
         if getattr(args, name) < least:
             ap.error(f"--{name}: expected >= {least}, found {getattr(args, name)}")
-    if args.target is not None and not args.target.is_file():
-        ap.error(f"--target: no file {args.target}")
+    if args.target is not None and not args.worker:
+        from laguna_dflash.runtime.llama import LlamaError, check_gguf_file
+
+        try:  # here, not in a worker's traceback
+            check_gguf_file(args.target)
+        except LlamaError as e:
+            ap.error(f"--target: {e}")
     wargs = ["--threads", str(args.threads), *(["--target", str(args.target)] if args.target else [])]
     if args.worker:
         serve(args)

@@ -24,8 +24,10 @@ def test_bad_arguments_are_refused_in_one_line(capsys, tmp_path):
     assert "--rows" in refusal(capsys, "--a", str(tmp_path), "--rows", "0,2")
     assert "--rows" in refusal(capsys, "--a", str(tmp_path), "--rows", "1:65")
     assert "--rows" in refusal(capsys, "--a", str(tmp_path), "--rows", "1:")
-    assert f"--target: no file {tmp_path / 'x.gguf'}" in refusal(capsys, "--a", str(tmp_path), "--target",
-                                                                  str(tmp_path / "x.gguf"))
+    assert f"--target: {tmp_path / 'x.gguf'}: no such file" in refusal(capsys, "--a", str(tmp_path), "--target",
+                                                                        str(tmp_path / "x.gguf"))
+    (tmp_path / "bad.gguf").write_bytes(b"not a model")
+    assert "not a GGUF file" in refusal(capsys, "--a", str(tmp_path), "--target", str(tmp_path / "bad.gguf"))
     assert f"--a: no libllama.so in {tmp_path}" in refusal(capsys, "--a", str(tmp_path))
 
 
