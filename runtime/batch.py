@@ -414,9 +414,9 @@ class BatchEngine:
         sequences' acceptance, their drafts, this decode), but not a prompt's pass, nor the
         decoding pass after one (its sequences drafted before the prompt's pass, outside its
         time), nor a pass of another shape than the last (rows per sequence, captured layers):
-        the target rebuilds its graph for it and a drafter returning from plain steps reads their
-        rows first (measured with the tiny pair in two lanes: 19-35% over the same pass after
-        one of its shape), so a depth timed there would look dearer than it runs."""
+        a drafter returning from plain steps reads their rows first, and the target rebuilds its
+        graph for it unless it kept one of that shape (a CPU context keeps four, patch 0038), so
+        a depth timed there would look dearer than it runs."""
         now = time.perf_counter()
         prefill = any(s.rows.prompt for s, _, _ in rnd.parts)
         decoded = {s.index: len(tokens) - 1 for s, tokens, _ in rnd.parts if not s.rows.prompt and s.auto}
@@ -439,7 +439,7 @@ class BatchEngine:
 
     def _switch_capture(self, rnd: _Round) -> None:
         """The target captures the layers any sequence of this round wants; switched only on a
-        change (a switch costs the next decode a graph rebuild)."""
+        change (a switch costs the next decode a graph rebuild, or on a CPU a kept graph's placing)."""
         want: set[int] = set()
         for s, _, _ in rnd.parts:
             want |= s.ctx.capture_wish
