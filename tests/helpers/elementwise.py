@@ -11,7 +11,7 @@ import ctypes
 
 import numpy as np
 
-from .kernel_rows import _InitParams
+from .kernel_rows import _InitParams, _lib_dir
 from .kernel_weights import TYPES, Backend
 
 
@@ -19,11 +19,7 @@ class ElementwiseBackend(Backend):
     """The CPU backend with the ggml calls of rms_norm and the binary ops."""
 
     def __init__(self, n_threads: int = 1) -> None:
-        super().__init__(n_threads)
-        import llama_cpp.llama_cpp  # noqa: F401
-
-        from .kernel_rows import _lib_dir
-
+        super().__init__(n_threads)  # loads the wheel's libraries
         base = ctypes.CDLL(str(_lib_dir() / "libggml-base.so"))
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         sigs = {
