@@ -11,7 +11,7 @@ import ctypes
 
 import numpy as np
 
-from .kernel_rows import _InitParams, _lib_dir
+from .kernel_rows import _InitParams
 from .kernel_weights import TYPES, Backend
 
 
@@ -19,19 +19,14 @@ class ElementwiseBackend(Backend):
     """The CPU backend with the ggml calls of rms_norm and the binary ops."""
 
     def __init__(self, n_threads: int = 1) -> None:
-        super().__init__(n_threads)  # loads the wheel's libraries
-        base = ctypes.CDLL(str(_lib_dir() / "libggml-base.so"))
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        sigs = {
-            "ggml_new_tensor_4d": ([p, ctypes.c_int, i64, i64, i64, i64], p),
-            "ggml_rms_norm": ([p, p, ctypes.c_float], p),
-            "ggml_mul": ([p, p, p], p),
-            "ggml_add": ([p, p, p], p),
-        }
-        for name, (args, res) in sigs.items():
-            fn = getattr(base, name)
-            fn.argtypes, fn.restype = args, res
-            setattr(self, name, fn)
+        super().__init__(n_threads)
+        base, p, i64 = self.base, ctypes.c_void_p, ctypes.c_int64
+        self.bind({
+            (base, "ggml_new_tensor_4d"): ([p, ctypes.c_int, i64, i64, i64, i64], p),
+            (base, "ggml_rms_norm"): ([p, p, ctypes.c_float], p),
+            (base, "ggml_mul"): ([p, p, p], p),
+            (base, "ggml_add"): ([p, p, p], p),
+        })
 
     def compute(self, build, inputs: list[np.ndarray], out_shape: tuple[int, ...]) -> np.ndarray:
         """Build ``build(ctx, *tensors)`` over F32 tensors holding ``inputs`` (NumPy arrays in
@@ -81,14 +76,15 @@ def rms_norm_reference(x: np.ndarray, eps: float, weight: np.ndarray | None = No
     rows = x.reshape(-1, x.shape[-1])
     out = np.empty_like(rows)
     n = rows.shape[1]
+    w = None if weight is None else np.asarray(weight, np.float32)
     for i, row in enumerate(rows):
         # np.add.accumulate adds in order (np.sum would add pairwise)
         total = np.add.accumulate((row * row).astype(np.float64))[-1]
         mean = np.float32(total / n)
         scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
         out[i] = row * scale
-        if weight is not None:
-            out[i] = out[i] * np.asarray(weight, np.float32)
+        if w is not None:
+            out[i] = out[i] * w
     return out.reshape(x.shape)
 
 

@@ -31,7 +31,7 @@ class Backend:
         import llama_cpp.llama_cpp  # noqa: F401  (loads the libraries with their dependencies)
 
         d = _lib_dir()
-        base = ctypes.CDLL(str(d / "libggml-base.so"))
+        base = self.base = ctypes.CDLL(str(d / "libggml-base.so"))
         cpu = ctypes.CDLL(str(d / "libggml-cpu.so"))
         p, i64, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
         sigs = {
@@ -59,10 +59,7 @@ class Backend:
             (cpu, "ggml_backend_cpu_init"): ([], p),
             (cpu, "ggml_backend_cpu_set_n_threads"): ([p, ctypes.c_int], None),
         }
-        for (lib, name), (args, res) in sigs.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, res
-            setattr(self, name, fn)
+        self.bind(sigs)
         self.backend = self.ggml_backend_cpu_init()
         self.ggml_backend_cpu_set_n_threads(self.backend, n_threads)
         self.cpu_buft = self.ggml_backend_get_default_buffer_type(self.backend)
@@ -77,6 +74,14 @@ class Backend:
                 if self.ggml_backend_buft_name(arr[i]) == b"CPU_REPACK":
                     self.repack_buft = arr[i]
                 i += 1
+
+    def bind(self, sigs: dict) -> None:
+        """Give the functions ``{(library, name): (argtypes, restype)}`` their types and make
+        them attributes of this backend."""
+        for (lib, name), (args, res) in sigs.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
+            setattr(self, name, fn)
 
     def quantize(self, type_id: int, w: np.ndarray) -> bytes:
         rows, cols = w.shape
