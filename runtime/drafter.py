@@ -112,8 +112,9 @@ class Drafter:
             self.skip_pending(1)
 
     def catch_up(self, next_query: int) -> bool:
-        """Before a draft: capture on again, and the queued rows of the plain steps injected;
-        whether there were any (their time is the catch-up's, not the draft's)."""
+        """Before a draft: capture on again, and the queued rows (of the prompt and the plain
+        steps since) injected; whether there were any (their time is the catch-up's, not the
+        draft's)."""
         self.set_capture(True)
         if not self.n_pending:
             return False
@@ -154,18 +155,42 @@ class Drafter:
         self._cache_empty = False
         self.n_context += n
 
+    def _reserve(self, n: int) -> np.ndarray:
+        """Room for ``n`` more queued rows: the rows they go to."""
+        need = self.n_pending + n
+        if need > len(self._pending):
+            grown = np.empty((max(16, need, 2 * len(self._pending)), self._width), dtype=np.float32)
+            grown[:self.n_pending] = self._pending[:self.n_pending]
+            self._pending = grown
+        return self._pending[self.n_pending:need]
+
     def queue_row(self) -> None:
         """Keep the row the target captured in its last (one-row) decode for the next
         ``flush_pending``: plain steps inject lazily, a drafting round reads them all at once."""
-        if self.n_pending == len(self._pending):
-            grown = np.empty((max(16, 2 * len(self._pending)), self._width), dtype=np.float32)
-            grown[:self.n_pending] = self._pending[:self.n_pending]
-            self._pending = grown
         h = self.target_ctx.model.n_embd
-        row = self._pending[self.n_pending]
+        row = self._reserve(1)[0]
         for i, s in enumerate(self.capture_slots):
             row[i * h:(i + 1) * h] = self.target_ctx.capture_view(s, 1)[0]
         self.n_pending += 1
+
+    def queue_visible(self, features: np.ndarray, start_pos: int, next_query: int) -> None:
+        """A prompt part's rows, for positions start_pos..: those a query at ``next_query`` can
+        see wait for the next draft like a plain step's row, the others are skipped. A sequence
+        that stays plain past the capture horizon then never computes them (its first plain step
+        there skips every queued row). The queue holds less than a window of them; a drafter
+        without a window sees every row, so it reads them now instead."""
+        if start_pos != self.n_context + self.n_pending:
+            raise LlamaError(f"queued rows at position {start_pos}, expected {self.n_context + self.n_pending}")
+        if not self.spec.sliding_window:
+            self.flush_pending(next_query)
+            self.inject(features, start_pos)
+            return
+        skip = min(len(features), max(0, next_query - self.spec.sliding_window + 1 - start_pos))
+        if skip:  # the queued rows come before these: out of sight too
+            self.skip_pending(skip)
+        visible = features[skip:]
+        self._reserve(len(visible))[:] = visible
+        self.n_pending += len(visible)
 
     def flush_pending(self, next_query: int) -> None:
         """Inject the queued rows (those a query at next_query can see)."""

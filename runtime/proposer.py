@@ -8,8 +8,8 @@
 2. per sequence, before the prompt: ``set_capture(drafting)`` (off for a plain run),
    ``drop_pending()``; then the prompt cache ``trim``\\s (drafting) or ``truncate``\\s (plain)
    the drafter's context to the prefix it reuses, or the engine calls ``reset()``.
-3. per prefilled chunk of the prompt (drafting): ``inject_visible(captured_features(), ...)``.
-4. per round, drafting: ``catch_up(n_past)`` (rows of the plain steps before), ``draft(bonus,
+3. per prefilled chunk of the prompt (drafting): ``queue_visible(captured_features(), ...)``.
+4. per round, drafting: ``catch_up(n_past)`` (the queued rows: the prompt's, the plain steps'), ``draft(bonus,
    k)`` (k proposals; ``draft_logits`` under an output constraint), the target verifies, then ``inject_captured(1 + n_accepted, n_past)``.
    A plain round inside a drafting sequence is wrapped in ``plain_step_begins(rounds_ahead)``
    and ``plain_step_ends()`` (the row is queued for the next catch-up, or skipped).
@@ -62,9 +62,9 @@ class Proposer(Protocol):
     def captured_features(self) -> np.ndarray:
         """The rows the target captured in its last decode, fused [T, n_layers * H]."""
 
-    def inject_visible(self, features: np.ndarray, start_pos: int, next_query: int) -> None:
-        """Context rows for positions start_pos.., skipping those no query at or after
-        ``next_query`` can see."""
+    def queue_visible(self, features: np.ndarray, start_pos: int, next_query: int) -> None:
+        """Context rows for positions start_pos.., read at the next ``catch_up``; those no query
+        at or after ``next_query`` can see are skipped."""
 
     def plain_step_begins(self, plain_rounds_ahead: int) -> None: ...
 

@@ -197,9 +197,10 @@ def generation(host: SequenceHost, prompt_tokens: list[int], opts: GenerateOptio
 def _prefill(host: SequenceHost, prompt_tokens: list[int], drafter: Proposer | None, sampler: Sampler,
              stats: Stats, opts: GenerateOptions) -> Generator[Rows, int, int]:
     """Decode the prompt after the prefix the prompt cache holds, as many rows at a time as the
-    decoder takes, injecting each part's captured rows into the drafter (only the last window
-    of the prompt is visible to the first draft); returns the first token. A stop asked for
-    between two parts ends it (_Interrupted)."""
+    decoder takes, queueing each part's captured rows for the drafter's first catch-up (only
+    the last window of the prompt is visible to the first draft, and a sequence that stays
+    plain never reads them); returns the first token. A stop asked for between two parts ends
+    it (_Interrupted)."""
     t0 = time.perf_counter()
     ctx = host.ctx
     if host.drafter is not None:
@@ -214,7 +215,7 @@ def _prefill(host: SequenceHost, prompt_tokens: list[int], drafter: Proposer | N
     while True:
         n = yield Rows(prompt_tokens[i0:], i0, prompt=True)
         if drafter is not None:
-            drafter.inject_visible(drafter.captured_features(), i0, len(prompt_tokens))
+            drafter.queue_visible(drafter.captured_features(), i0, len(prompt_tokens))
         i0 += n
         if i0 >= len(prompt_tokens):
             break

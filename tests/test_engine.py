@@ -207,8 +207,69 @@ def test_after_a_promised_stretch_the_drafter_reads_only_the_capture_horizon(tar
         eng.drafter.inject_visible = lambda f, *a: (read.append(len(f)), real_inject(f, *a))[1]
         out = eng.generate(PROMPT, GenerateOptions(n_predict=3 * WINDOW, n_max=PlainThenDraft(2 * WINDOW, True)))
         assert out.tokens == ref
-        # the prompt's rows at prefill, then the catch-up before the first draft
-        assert read[1:] == [8]
+        # only the catch-up before the first draft: the prompt's rows were skipped with the stretch
+        assert read == [8]
+
+
+class FirstContext(PlainThenDraft):
+    """PlainThenDraft that notes, before the first round, the rows the drafter has read
+    (``n_context``) and those it holds queued."""
+
+    def __init__(self, n_plain: int, drafter):
+        super().__init__(n_plain, honest=True)
+        self.drafter, self.seen = drafter, None
+
+    def context(self, n_past: int) -> None:
+        if self.seen is None:
+            self.seen = (n_past, self.drafter.n_context, self.drafter.n_pending)
+
+
+def uncached_engine(target, drafter, n_batch=512):
+    """An engine without a prompt cache: every run prefills the whole prompt."""
+    return Engine(target, drafter, EngineConfig(n_ctx=1024, n_batch=n_batch, kv_type="f32", prompt_cache=False))
+
+
+@pytest.mark.parametrize("n_batch", [16, 512])
+def test_a_sequence_that_stays_plain_never_reads_its_prompts_rows(target, drafter_gguf, n_batch):
+    """The prompt's rows wait for the first draft, queued (those a draft at the prompt's end can
+    see, less than a window however many parts the prompt takes); a sequence whose plain
+    stretch passes the capture horizon drops them unread, and the drafter computes nothing."""
+    with uncached_engine(target, drafter_gguf, n_batch) as eng:
+        ref = eng.generate(PROMPT, GenerateOptions(n_predict=2 * WINDOW, n_max=0)).tokens
+        read = []
+        real_inject = eng.drafter.inject
+        eng.drafter.inject = lambda f, *a: (read.append(len(f)), real_inject(f, *a))[1]
+        policy = FirstContext(1 << 20, eng.drafter)
+        out = eng.generate(PROMPT, GenerateOptions(n_predict=2 * WINDOW, n_max=policy))
+        assert out.tokens == ref
+        assert policy.seen == (len(PROMPT), len(PROMPT) - WINDOW + 1, WINDOW - 1)
+        assert read == [] and eng.drafter.n_pending == 0
+
+
+def read_at_prefill(drafter):
+    """What queue_visible did before the prompt's rows were queued: read each part's visible
+    rows at once."""
+    def read_now(features, start_pos, next_query):
+        drafter.flush_pending(next_query)
+        drafter.inject_visible(features, start_pos, next_query)
+    return read_now
+
+
+def test_the_first_draft_sees_the_prompts_rows_as_if_read_at_prefill(target, drafter_gguf):
+    """Queued until the first catch-up, the prompt's visible rows are read in the same one
+    batch as at prefill (a prompt of one part): every draft is the same."""
+    with uncached_engine(target, drafter_gguf) as eng:
+        ref = eng.generate(PROMPT, GenerateOptions(n_predict=2 * WINDOW, n_max=0)).tokens
+        drafts = {}
+        for queued in (True, False):
+            if not queued:
+                eng.drafter.queue_visible = read_at_prefill(eng.drafter)
+            seen = []
+            out = eng.generate(PROMPT, GenerateOptions(n_predict=2 * WINDOW, n_max=4,
+                                                       trace=lambda r: seen.append(r["drafted"])))
+            assert out.tokens == ref
+            drafts[queued] = seen
+    assert len(drafts[True]) > 4 and drafts[True] == drafts[False]
 
 
 def test_sampling_distribution_matches_plain_decoding(target, drafter_gguf):
