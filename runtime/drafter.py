@@ -185,7 +185,7 @@ class Drafter:
             self.flush_pending(next_query)
             self.inject(features, start_pos)
             return
-        skip = min(len(features), max(0, next_query - self.spec.sliding_window + 1 - start_pos))
+        skip = self._out_of_sight(len(features), start_pos, next_query)
         if skip:  # the queued rows come before these: out of sight too
             self.skip_pending(skip)
         visible = features[skip:]
@@ -225,14 +225,18 @@ class Drafter:
         if not self.spec.sliding_window:
             self.inject(features, start_pos)
             return
-        first_visible = next_query - self.spec.sliding_window + 1
-        skip = min(len(features), max(0, first_visible - start_pos))
+        skip = self._out_of_sight(len(features), start_pos, next_query)
         if skip:
             if start_pos != self.n_context:
                 raise LlamaError(f"context injection at position {start_pos}, expected {self.n_context}")
             self.skip_context(skip)
         if skip < len(features):
             self.inject(features[skip:], start_pos + skip)
+
+    def _out_of_sight(self, n: int, start_pos: int, next_query: int) -> int:
+        """How many of ``n`` rows from start_pos on no query at or after ``next_query`` sees
+        through the sliding window (a leading run of them)."""
+        return min(n, max(0, next_query - self.spec.sliding_window + 1 - start_pos))
 
     def skip_context(self, n: int) -> None:
         """Account for n context rows that no future query can see (they are never computed).
