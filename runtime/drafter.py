@@ -64,9 +64,12 @@ class Drafter:
         self.n_context = 0  # positions [0, n_context) are in the drafter's cache
         self._cache_empty = True
         self._width = len(self.spec.capture_slots) * target_ctx.model.n_embd
-        # rows of plain steps captured but not yet injected (see queue_row)
-        self._pending = np.empty((0, self._width), dtype=np.float32)
-        self.n_pending = 0
+        # rows captured but not yet injected, in position order: a prompt's parts as the target
+        # gave them (see queue_visible), then the plain steps' rows since (see queue_row)
+        self._parts: list[np.ndarray] = []
+        self._rows = np.empty((0, self._width), dtype=np.float32)
+        self._n_rows = 0  # the plain steps' rows in _rows
+        self.n_pending = 0  # every queued row
         #: plain steps this close to a drafting round read their rows (see plain_step_begins)
         self.capture_horizon = capture_horizon(self.spec.sliding_window)
         self.capturing = False  # whether the target captures this drafter's layers
@@ -155,32 +158,30 @@ class Drafter:
         self._cache_empty = False
         self.n_context += n
 
-    def _reserve(self, n: int) -> np.ndarray:
-        """Room for ``n`` more queued rows: the rows they go to."""
-        need = self.n_pending + n
-        if need > len(self._pending):
-            grown = np.empty((max(16, need, 2 * len(self._pending)), self._width), dtype=np.float32)
-            grown[:self.n_pending] = self._pending[:self.n_pending]
-            self._pending = grown
-        return self._pending[self.n_pending:need]
-
     def queue_row(self) -> None:
         """Keep the row the target captured in its last (one-row) decode for the next
         ``flush_pending``: plain steps inject lazily, a drafting round reads them all at once."""
+        if self._n_rows == len(self._rows):
+            grown = np.empty((max(16, 2 * len(self._rows)), self._width), dtype=np.float32)
+            grown[:self._n_rows] = self._rows[:self._n_rows]
+            self._rows = grown
         h = self.target_ctx.model.n_embd
-        row = self._reserve(1)[0]
+        row = self._rows[self._n_rows]
         for i, s in enumerate(self.capture_slots):
             row[i * h:(i + 1) * h] = self.target_ctx.capture_view(s, 1)[0]
+        self._n_rows += 1
         self.n_pending += 1
 
     def queue_visible(self, features: np.ndarray, start_pos: int, next_query: int) -> None:
         """A prompt part's rows, for positions start_pos..: those a query at ``next_query`` can
         see wait for the next draft like a plain step's row, the others are skipped. A sequence
         that stays plain past the capture horizon then never computes them (its first plain step
-        there skips every queued row). The queue holds less than a window of them; a drafter
-        without a window sees every row, so it reads them now instead."""
-        if start_pos != self.n_context + self.n_pending:
-            raise LlamaError(f"queued rows at position {start_pos}, expected {self.n_context + self.n_pending}")
+        there skips every queued row). The queue holds less than a window of them, each part as
+        the target gave it (no copy), read later in the batch it would have been read in now; a
+        drafter without a window sees every row, so it reads them now instead."""
+        if start_pos != self.n_context + self.n_pending or self._n_rows:  # a prompt's rows come first
+            raise LlamaError(f"queued rows at position {start_pos}, expected {self.n_context + self.n_pending}"
+                             f"{' before any plain step' if self._n_rows else ''}")
         if not self.spec.sliding_window:
             self.flush_pending(next_query)
             self.inject(features, start_pos)
@@ -188,24 +189,30 @@ class Drafter:
         skip = self._out_of_sight(len(features), start_pos, next_query)
         if skip:  # the queued rows come before these: out of sight too
             self.skip_pending(skip)
-        visible = features[skip:]
-        self._reserve(len(visible))[:] = visible
-        self.n_pending += len(visible)
+        if skip < len(features):
+            self._parts.append(features[skip:])
+            self.n_pending += len(features) - skip
 
     def flush_pending(self, next_query: int) -> None:
         """Inject the queued rows (those a query at next_query can see)."""
-        if self.n_pending:
-            self.inject_visible(self._pending[:self.n_pending], self.n_context, next_query)
-            self.n_pending = 0
+        for part in self._parts:
+            self.inject_visible(part, self.n_context, next_query)
+        if self._n_rows:
+            self.inject_visible(self._rows[:self._n_rows], self.n_context, next_query)
+        self._forget_queue()
+
+    def _forget_queue(self) -> None:
+        self._parts = []
+        self._n_rows = self.n_pending = 0
 
     def drop_pending(self) -> None:
         """Forget the queued rows without accounting for them (a new sequence starts)."""
-        self.n_pending = 0
+        self._forget_queue()
 
     def skip_pending(self, extra: int) -> None:
         """Drop the queued rows and ``extra`` more unread ones: no future query will see them."""
         self.skip_context(self.n_pending + extra)
-        self.n_pending = 0
+        self._forget_queue()
 
     def inject(self, features: np.ndarray, start_pos: int) -> None:
         """Append context rows for target positions start_pos .. start_pos + T - 1."""
@@ -252,7 +259,7 @@ class Drafter:
         """Forget every context row (a new sequence starts at position 0)."""
         self.ctx.clear()
         self.n_context = 0
-        self.n_pending = 0
+        self._forget_queue()
         self._cache_empty = True
 
     def trim(self, n_keep: int, next_query: int) -> None:

@@ -255,21 +255,30 @@ def read_at_prefill(drafter):
     return read_now
 
 
-def test_the_first_draft_sees_the_prompts_rows_as_if_read_at_prefill(target, drafter_gguf):
-    """Queued until the first catch-up, the prompt's visible rows are read in the same one
-    batch as at prefill (a prompt of one part): every draft is the same."""
-    with uncached_engine(target, drafter_gguf) as eng:
+@pytest.mark.parametrize("n_batch", [16, 512])
+def test_the_first_draft_sees_the_prompts_rows_as_if_read_at_prefill(target, drafter_gguf, n_batch):
+    """Queued until the first catch-up, the prompt's visible rows are read in the batches they
+    would have been read in at prefill (one per part of the prompt): every draft is the same, to
+    its logits' last bit."""
+    with uncached_engine(target, drafter_gguf, n_batch) as eng:
         ref = eng.generate(PROMPT, GenerateOptions(n_predict=2 * WINDOW, n_max=0)).tokens
-        drafts = {}
+        drafts, logits = {}, {}
+        real_draft = eng.drafter.draft
+
+        def draft(bonus, depth):  # the logits behind each draft, to the last bit
+            logits[queued].append(eng.drafter.draft_logits(bonus, depth))
+            return real_draft(bonus, depth)
+        eng.drafter.draft = draft
         for queued in (True, False):
             if not queued:
                 eng.drafter.queue_visible = read_at_prefill(eng.drafter)
-            seen = []
+            seen, logits[queued] = [], []
             out = eng.generate(PROMPT, GenerateOptions(n_predict=2 * WINDOW, n_max=4,
                                                        trace=lambda r: seen.append(r["drafted"])))
             assert out.tokens == ref
             drafts[queued] = seen
     assert len(drafts[True]) > 4 and drafts[True] == drafts[False]
+    assert all(np.array_equal(a, b) for a, b in zip(logits[True], logits[False], strict=True))
 
 
 def test_sampling_distribution_matches_plain_decoding(target, drafter_gguf):

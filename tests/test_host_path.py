@@ -103,7 +103,10 @@ def test_queued_plain_step_rows_are_the_captured_rows(target, drafter_gguf):
             rows.append(d.captured_features())
             d.queue_row()
         assert d.n_pending == 20
-        assert np.array_equal(d._pending[:20], np.concatenate(rows))
+        assert np.array_equal(d._rows[:20], np.concatenate(rows))
+        # a prompt's rows queue before any plain step's, so a catch-up reads them in order
+        with pytest.raises(LlamaError, match="before any plain step"):
+            d.queue_visible(rows[0], 30, 31)
         d.close()
 
 
