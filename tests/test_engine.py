@@ -259,7 +259,8 @@ def read_at_prefill(drafter):
 def test_the_first_draft_sees_the_prompts_rows_as_if_read_at_prefill(target, drafter_gguf, n_batch):
     """Queued until the first catch-up, the prompt's visible rows are read in the batches they
     would have been read in at prefill (one per part of the prompt): every draft is the same, to
-    its logits' last bit."""
+    its logits' last bit. (This F32 drafter computes a row alike in a batch of any size, so what
+    this checks is the rows' positions and order; the batches are the code's reading.)"""
     with uncached_engine(target, drafter_gguf, n_batch) as eng:
         ref = eng.generate(PROMPT, GenerateOptions(n_predict=2 * WINDOW, n_max=0)).tokens
         drafts, logits = {}, {}
