@@ -1,5 +1,5 @@
-"""Argument types the benchmark scripts share: a malformed value is argparse's one-line error
-and exit 2, never a traceback."""
+"""Argument types and checks the benchmark scripts share: a malformed value is argparse's
+one-line error and exit 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -21,3 +21,12 @@ def int_list(lo: int, hi: int, words: tuple[str, ...] = ()) -> Callable[[str], t
         return out
 
     return parse
+
+
+def require_at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, **least: int) -> None:
+    """Refuse, in one line with exit code 2, any of these options below its least value
+    (``require_at_least(ap, args, reps=1, warmup=0)``)."""
+    for name, lo in least.items():
+        value = getattr(args, name)
+        if value < lo:
+            ap.error(f"--{name.replace('_', '-')}: expected >= {lo}, found {value}")

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.arguments import int_list
+from scripts.arguments import int_list, require_at_least
 from scripts.bench.bench_lib_ab import cells_summary, installed_lib_dir, interleaved_trials, require_libs
 from scripts.recorded import command_line, write_results
 
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--png", type=Path)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    for name in ("pairs", "requests", "threads", "lanes"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name}: expected >= 1, found {getattr(args, name)}")
+    require_at_least(ap, args, pairs=1, requests=1, threads=1, lanes=1)
     if args.worker:
         print(json.dumps(worker(args)))
         return 0

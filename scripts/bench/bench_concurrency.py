@@ -45,7 +45,7 @@ import threading
 import time
 from pathlib import Path
 
-from scripts.arguments import int_list
+from scripts.arguments import int_list, require_at_least
 from scripts.recorded import command_line, write_json, write_results
 
 # streams, depth, the batched aggregate's bar over the same requests one at a time on today's engine
@@ -204,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     args = ap.parse_args(argv)
-    if args.lanes < 1:
-        ap.error(f"--lanes: expected >= 1, found {args.lanes}")
+    require_at_least(ap, args, lanes=1)
     check_plain_only(ap, args)
     from rich.console import Console
 

@@ -40,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from scripts.arguments import require_at_least
 from scripts.bench.bench_lib_ab import installed_lib_dir, require_libs
 from scripts.recorded import command_line, write_results
 
@@ -174,9 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--png", type=Path)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    for name, least in (("pairs", 1), ("turns", 1), ("burst", 1), ("warmup", 0), ("threads", 1)):
-        if getattr(args, name) < least:
-            ap.error(f"--{name}: expected >= {least}, found {getattr(args, name)}")
+    require_at_least(ap, args, pairs=1, turns=1, burst=1, warmup=0, threads=1)
     if args.target is not None and not args.worker:
         from laguna_dflash.runtime.llama import LlamaError, check_gguf_file
 

@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from scripts.arguments import int_list
+from scripts.arguments import int_list, require_at_least
 from scripts.recorded import command_line, write_json
 
 
@@ -36,9 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    for name in ("streams", "runs", "threads"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name}: expected >= 1, found {getattr(args, name)}")
+    require_at_least(ap, args, streams=1, runs=1, threads=1)
     depths = list(args.depths)
 
     from laguna_dflash.runtime import assets

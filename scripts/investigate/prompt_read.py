@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from scripts.arguments import int_list
+from scripts.arguments import int_list, require_at_least
 from scripts.recorded import command_line, write_json
 
 
@@ -35,11 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-batch", type=int, default=512)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    for name in ("reps", "threads"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name}: expected >= 1, found {getattr(args, name)}")
-    if args.n_batch < 16:
-        ap.error(f"--n-batch: expected >= 16 (a draft block), found {args.n_batch}")
+    require_at_least(ap, args, reps=1, threads=1, n_batch=16)  # a batch takes a draft block
     for name in ("target", "drafter"):
         if not getattr(args, name).is_file():
             ap.error(f"--{name}: no file {getattr(args, name)}")

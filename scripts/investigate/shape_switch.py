@@ -20,6 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
+from scripts.arguments import require_at_least
 from scripts.recorded import command_line, write_json
 
 
@@ -29,9 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    for name in ("repeats", "threads"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name}: expected >= 1, found {getattr(args, name)}")
+    require_at_least(ap, args, repeats=1, threads=1)
 
     import numpy as np
 
