@@ -266,10 +266,11 @@ class Drafter:
         """For a new sequence that shares its first ``n_keep`` positions with the cached one and
         drafts first at ``next_query``: keep the rows the cache holds of those positions when
         they cover the draft's window up to ``n_keep``, else start over after them. Rows the cache
-        lacks (plain steps at the end of the last sequence read no rows; the sliding-window
-        cache evicted older ones) are then skipped, never recomputed: the target re-decoding
-        positions it already holds would rewrite their K/V in another batch shape, whose last
-        bits differ, and greedy output would then depend on how the last sequence was drafted.
+        lacks (plain steps at the end of the last sequence read no rows, nor did its prompt if it
+        never drafted; the sliding-window cache evicted older ones) are then skipped, never
+        recomputed: the target re-decoding positions it already holds would rewrite their K/V in
+        another batch shape, whose last bits differ, and greedy output would then depend on how
+        the last sequence was drafted.
         The first drafts of such a sequence see fewer rows; later ones see every row."""
         window = self.spec.sliding_window
         need = max(0, next_query - window + 1) if window > 0 else 0  # first row the draft sees
