@@ -69,7 +69,6 @@ class Drafter:
         self._parts: list[np.ndarray] = []
         self._rows = np.empty((0, self._width), dtype=np.float32)
         self._n_rows = 0  # the plain steps' rows in _rows
-        self.n_pending = 0  # every queued row
         #: plain steps this close to a drafting round read their rows (see plain_step_begins)
         self.capture_horizon = capture_horizon(self.spec.sliding_window)
         self.capturing = False  # whether the target captures this drafter's layers
@@ -78,6 +77,11 @@ class Drafter:
         # several steps' time, while capturing costs a step half a percent (Engine sets it)
         self.keep_capture = False
         self._reading = True  # whether the current plain step's row is for a draft
+
+    @property
+    def n_pending(self) -> int:
+        """Rows queued for the next draft: the prompt's and the plain steps'."""
+        return self._n_rows + sum(len(p) for p in self._parts)
 
     # -- capture on the target side
 
@@ -170,7 +174,6 @@ class Drafter:
         for i, s in enumerate(self.capture_slots):
             row[i * h:(i + 1) * h] = self.target_ctx.capture_view(s, 1)[0]
         self._n_rows += 1
-        self.n_pending += 1
 
     def queue_visible(self, features: np.ndarray, start_pos: int, next_query: int) -> None:
         """A prompt part's rows, for positions start_pos..: those a query at ``next_query`` can
@@ -182,8 +185,7 @@ class Drafter:
         if start_pos != self.n_context + self.n_pending or self._n_rows:  # a prompt's rows come first
             raise LlamaError(f"queued rows at position {start_pos}, expected {self.n_context + self.n_pending}"
                              f"{' before any plain step' if self._n_rows else ''}")
-        if not self.spec.sliding_window:
-            self.flush_pending(next_query)
+        if not self.spec.sliding_window:  # nothing is queued before it: no part ever waits
             self.inject(features, start_pos)
             return
         skip = self._out_of_sight(len(features), start_pos, next_query)
@@ -191,7 +193,6 @@ class Drafter:
             self.skip_pending(skip)
         if skip < len(features):
             self._parts.append(features[skip:])
-            self.n_pending += len(features) - skip
 
     def flush_pending(self, next_query: int) -> None:
         """Inject the queued rows (those a query at next_query can see)."""
@@ -202,8 +203,8 @@ class Drafter:
         self._forget_queue()
 
     def _forget_queue(self) -> None:
-        self._parts = []
-        self._n_rows = self.n_pending = 0
+        self._parts.clear()  # in place: a plain stretch past the horizon forgets every step
+        self._n_rows = 0
 
     def drop_pending(self) -> None:
         """Forget the queued rows without accounting for them (a new sequence starts)."""
