@@ -499,7 +499,8 @@ def test_a_full_attention_drafter_is_written_without_a_window(tmp_path, tiny_tar
 
 
 def test_without_a_window_the_runtime_keeps_every_context_row(target_model, tmp_path, tiny_target):
-    """inject_visible (the engine's prefill and catch-up path) skips no row of a full-attention drafter."""
+    """inject_visible (the engine's catch-up path) skips no row of a full-attention drafter, and
+    queue_visible (its prefill path) reads every row at once: without a window nothing waits."""
     _, path = write_gguf_drafter(tmp_path, "full", tiny_target, layer_type="full_attention")
     tokens = prompt(100, seed=10)
     with target_ctx(target_model) as tctx, Drafter(path, tctx, kv_type="f32") as d:
@@ -512,6 +513,11 @@ def test_without_a_window_the_runtime_keeps_every_context_row(target_model, tmp_
         d.inject_visible(feats[:60], 0, len(tokens))
         d.inject_visible(feats[60:], 60, len(tokens))
         assert d.n_context == len(tokens)
+        np.testing.assert_allclose(d.block_logits(BLOCK), every_row, atol=TOL, rtol=0)
+        d.reset()
+        d.queue_visible(feats[:60], 0, len(tokens))
+        d.queue_visible(feats[60:], 60, len(tokens))
+        assert d.n_context == len(tokens) and d.n_pending == 0
         np.testing.assert_allclose(d.block_logits(BLOCK), every_row, atol=TOL, rtol=0)
 
 
