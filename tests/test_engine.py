@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import synthetic
+from helpers.prefill_read import read_at_prefill
 from laguna_dflash.convert import converter
 from laguna_dflash.convert.drafter_info import pairing_problems, read_drafter_gguf
 from laguna_dflash.convert.target import read_target as read_target_info
@@ -244,15 +245,6 @@ def test_a_sequence_that_stays_plain_never_reads_its_prompts_rows(target, drafte
         assert out.tokens == ref
         assert policy.seen == (len(PROMPT), len(PROMPT) - WINDOW + 1, WINDOW - 1)
         assert read == [] and eng.drafter.n_pending == 0
-
-
-def read_at_prefill(drafter):
-    """What queue_visible did before the prompt's rows were queued: read each part's visible
-    rows at once."""
-    def read_now(features, start_pos, next_query):
-        drafter.flush_pending(next_query)
-        drafter.inject_visible(features, start_pos, next_query)
-    return read_now
 
 
 @pytest.mark.parametrize("n_batch", [16, 512])
