@@ -9,8 +9,8 @@ C streams run a closed loop of greedy requests on a BatchEngine of C slots (bund
 F16 cache, prompt cache off), as scripts/bench/bench_concurrency.py serves them. Every call below
 is wrapped with profile_host's exclusive timers (wall and this thread's CPU time): the target's
 ``decode_seqs`` (the one pass per round), the drafter's passes (``draft``, ``draft_logits``), its
-bookkeeping (reading captured rows: ``inject_captured``, ``inject_visible``, ``catch_up``,
-``captured_features``), the sampler, the planner. What no wrapper covers is the round loop's own
+bookkeeping (queueing and reading captured rows: ``inject_captured``, ``queue_visible``,
+``inject_visible``, ``catch_up``, ``captured_features``), the sampler, the planner. What no wrapper covers is the round loop's own
 Python. Figures are per round of the engine (one ``step``), prefill rounds apart: requests
 are timed from their first decoding round, and a round that also prefilled a prompt is left out.
 Statistic (fixed before the run): the sum over ``--repeats`` closed loops divided by rounds.
@@ -28,8 +28,8 @@ from scripts.bench.profile_host import Timers
 from scripts.recorded import command_line, write_json
 
 DRAFTER_PASSES = ("draft", "draft_logits")
-DRAFTER_BOOKKEEPING = ("inject_captured", "inject_visible", "catch_up", "captured_features", "flush_pending",
-                       "plain_step_begins", "plain_step_ends")
+DRAFTER_BOOKKEEPING = ("inject_captured", "inject_visible", "queue_visible", "catch_up", "captured_features",
+                       "flush_pending", "plain_step_begins", "plain_step_ends")
 
 
 def instrument(engine, timers: Timers) -> None:
