@@ -10,8 +10,8 @@ F16 cache, prompt cache off), as scripts/bench/bench_concurrency.py serves them.
 is wrapped with profile_host's exclusive timers (wall and this thread's CPU time): the target's
 ``decode_seqs`` (the one pass per round), the drafter's passes (``draft``, ``draft_logits``), its
 bookkeeping (queueing and reading captured rows: ``inject_captured``, ``queue_visible``,
-``inject_visible``, ``catch_up``, ``captured_features``), the sampler, the planner. What no wrapper covers is the round loop's own
-Python. Figures are per round of the engine (one ``step``), prefill rounds apart: requests
+``inject_visible``, ``catch_up``, ``captured_features``), the sampler, the planner. What no
+wrapper covers is the round loop's own Python. Figures are per round of the engine (one ``step``), prefill rounds apart: requests
 are timed from their first decoding round, and a round that also prefilled a prompt is left out.
 Statistic (fixed before the run): the sum over ``--repeats`` closed loops divided by rounds.
 """
