@@ -9,8 +9,9 @@
    ``drop_pending()``; then the prompt cache ``trim``\\s (drafting) or ``truncate``\\s (plain)
    the drafter's context to the prefix it reuses, or the engine calls ``reset()``.
 3. per prefilled chunk of the prompt (drafting): ``queue_visible(captured_features(), ...)``.
-4. per round, drafting: ``catch_up(n_past)`` (the queued rows: the prompt's, the plain steps'), ``draft(bonus,
-   k)`` (k proposals; ``draft_logits`` under an output constraint), the target verifies, then ``inject_captured(1 + n_accepted, n_past)``.
+4. per round, drafting: ``catch_up(n_past)`` (the queued rows: the prompt's, the plain
+   steps'), ``draft(bonus, k)`` (k proposals; ``draft_logits`` under an output constraint), the
+   target verifies, then ``inject_captured(1 + n_accepted, n_past)``.
    A plain round inside a drafting sequence is wrapped in ``plain_step_begins(rounds_ahead)``
    and ``plain_step_ends()`` (the row is queued for the next catch-up, or skipped).
 5. ``close()``.
