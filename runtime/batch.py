@@ -60,13 +60,10 @@ EXACT_PASS_ROWS = 16
 _ANY_ROWS_TYPES = frozenset({"F32", "F16", "Q8_0"})
 #: Where the CPU backend is built with AVX2, the most rows a pass over a repacked K-quant matrix
 #: (rows in eights; another stays in the plain layout) may hold for each row to be computed as
-#: alone: None, any (Q6_K: every pass takes the rows kernel in groups of 16, patch 0014); 32 for
-#: Q4_K, whose larger passes keep the 4-row tiles because they are faster there (patch 0019).
+#: alone: None, any, for Q6_K and Q4_K, where every pass takes the rows kernel in groups of 16
+#: (patches 0014 and 0042; with AVX-512 and VNNI, Q4_K's is the 512-bit one, 0036-0037).
 #: A weight of any other type, or of these elsewhere, gets :data:`EXACT_PASS_ROWS`.
-_REPACKED_AVX2_PASS_ROWS = {"Q6_K": None, "Q4_K": 32}
-#: With AVX-512 and VNNI as well, Q4_K's rows kernel is the 512-bit one (patch 0036), faster than
-#: the tiles at prompt sizes too, and takes every pass (patch 0037).
-_REPACKED_AVX512_VNNI_PASS_ROWS = {"Q6_K": None, "Q4_K": None}
+_REPACKED_AVX2_PASS_ROWS = {"Q6_K": None, "Q4_K": None}
 
 
 @dataclass
@@ -87,8 +84,7 @@ def pass_rows_bound(target: TargetSpec, cpu_features: frozenset[str] | None = No
     features = cpu_backend_features() if cpu_features is None else cpu_features
     repacked = {}
     if "AVX2" in features:
-        vnni512 = {"AVX512", "AVX512_VNNI"} <= features
-        repacked = _REPACKED_AVX512_VNNI_PASS_ROWS if vnni512 else _REPACKED_AVX2_PASS_ROWS
+        repacked = _REPACKED_AVX2_PASS_ROWS
 
     def rows(t) -> int | None:
         kind = t.qtype.name

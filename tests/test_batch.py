@@ -429,9 +429,9 @@ def test_no_decoding_pass_holds_more_rows_than_the_bound(pair, monkeypatch):
 
 
 def test_the_rows_bound_follows_the_weight_types_and_the_cpu_backend(monkeypatch):
-    """The least bound the weights allow: none for F32, F16 and Q8_0, nor for Q6_K where the CPU
-    backend has AVX2 and repacks it (rows in eights); 32 rows for Q4_K so repacked, none where the
-    backend has AVX-512 with VNNI too; 16 otherwise."""
+    """The least bound the weights allow: none for F32, F16 and Q8_0, nor for Q6_K and Q4_K where
+    the CPU backend has AVX2 and repacks them (rows in eights; every pass takes the rows kernel,
+    patches 0014 and 0042); 16 otherwise."""
     from gguf import GGMLQuantizationType as Q
 
     from helpers.kernel_weights import rows_bound
@@ -442,9 +442,9 @@ def test_the_rows_bound_follows_the_weight_types_and_the_cpu_backend(monkeypatch
     q4_K_M = [(Q.F32, (2048,)), (Q.Q4_K, (512, 2048)), (Q.Q4_K, (64, 512, 2048)), (Q.Q6_K, (100352, 2048))]
     assert bound([(Q.F32, (128,)), (Q.Q8_0, (256, 128))], {"AVX"}) is None
     assert bound([(Q.F32, (128,)), (Q.Q6_K, (256, 128))], {"AVX2"}) is None
-    assert bound(q4_K_M, {"AVX", "AVX2"}) == 32
-    assert bound(q4_K_M, {"AVX2", "AVX512"}) == 32                       # no VNNI: 0011's AVX2 kernel
-    assert bound(q4_K_M, {"AVX2", "AVX512", "AVX512_VNNI"}) is None      # every pass: the rows kernel
+    assert bound(q4_K_M, {"AVX", "AVX2"}) is None                        # every pass: the rows kernel
+    assert bound(q4_K_M, {"AVX2", "AVX512"}) is None                     # no VNNI: the AVX2 rows kernel
+    assert bound(q4_K_M, {"AVX2", "AVX512", "AVX512_VNNI"}) is None      # the 512-bit one
     assert bound(q4_K_M + [(Q.Q5_K, (512, 2048))], {"AVX2", "AVX512", "AVX512_VNNI"}) == EXACT_PASS_ROWS
     assert bound(q4_K_M, {"AVX"}) == EXACT_PASS_ROWS                      # no AVX2: 4-row tiles
     assert bound(q4_K_M + [(Q.Q6_K, (100, 2048))], {"AVX2"}) == EXACT_PASS_ROWS   # not repacked
@@ -456,8 +456,8 @@ def test_q4_K_M_sequences_at_depth_4_equal_their_solo_outputs(monkeypatch):
     """Four sequences at n_max 4 on the XS-width Q4_K_M target. Where Q4_K passes of more than 16
     rows took the 4-row tiles, which sum in another order than the one-row kernel, three of the
     four outputs parted from their solo ones at tokens 6, 2 and 5 in 20-row passes, and the rows
-    bound held them to 16 (each drafting 3 while all four run). With AVX2 passes of up to 32 rows
-    take the rows kernel (patch 0019): 20-row passes, each output equal to its output alone."""
+    bound held them to 16 (each drafting 3 while all four run). With AVX2 every pass takes the
+    rows kernel (patches 0019, 0042): 20-row passes, each output equal to its output alone."""
     from laguna_dflash.runtime import llama
 
     target, drafter = built_xs_q4_K_M()
@@ -466,10 +466,8 @@ def test_q4_K_M_sequences_at_depth_4_equal_their_solo_outputs(monkeypatch):
     opts = GenerateOptions(n_predict=10, n_max=4)
     passes = recorded_decoding_passes(monkeypatch)
     with BatchEngine.open(pair, cfg, n_seq=4) as engine:
-        features = llama.cpu_backend_features()
-        avx2 = "AVX2" in features
-        assert engine.max_pass_rows == (None if avx2 and {"AVX512", "AVX512_VNNI"} <= features else
-                                        32 if avx2 else EXACT_PASS_ROWS)
+        avx2 = "AVX2" in llama.cpu_backend_features()
+        assert engine.max_pass_rows == (None if avx2 else EXACT_PASS_ROWS)
         prompts = [engine.tokenize(p)[:8] for p in PROMPTS[:4]]
         together = [r.tokens for r in engine.generate_all(prompts, opts)]
         solo = [engine.generate_all([p], opts)[0].tokens for p in prompts]
@@ -479,9 +477,9 @@ def test_q4_K_M_sequences_at_depth_4_equal_their_solo_outputs(monkeypatch):
 
 @pytest.mark.skipif(built_xs_q4_K_M() is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
 def test_q4_K_M_passes_of_any_rows_equal_solo_outputs_where_unbounded(monkeypatch):
-    """Where the rows bound is lifted on a Q4_K_M target (AVX-512 with VNNI: every Q4_K pass
-    takes the rows kernel, patch 0037), four sequences at n_max 12 decode in 52-row passes, past
-    the 32 rows of the AVX2 kernels' bound, each output still equal to its output alone."""
+    """Where the rows bound is lifted on a Q4_K_M target (AVX2: every Q4_K pass takes the rows
+    kernel, patches 0037 and 0042), four sequences at n_max 12 decode in 52-row passes, past the
+    32 rows of the bound AVX2 builds had before 0042, each output still equal to its output alone."""
     target, drafter = built_xs_q4_K_M()
     pair = resolve_pair(target, drafter)
     cfg = EngineConfig(n_ctx=256, n_threads=2, kv_type="f16", prompt_cache=False)

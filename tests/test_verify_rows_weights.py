@@ -5,8 +5,8 @@ speculative verify pass (up to 16) against a quantized weight at once, sharing t
 weights between the rows: Q4_K in the repacked 8x8 layout (dense ``mul_mat`` and the experts'
 ``mul_mat_id``), plain Q6_K (dense, where Q6_K is not repacked) and, on x86 with AVX2, Q6_K in
 the repacked 8x8 layout and Q8_0 in the repacked 4-column layout. On AVX2 the rows kernels of
-repacked Q6_K and Q8_0 take every pass, a prompt's too, in groups of 16, and those of repacked
-Q4_K passes of up to 32 rows (0019).
+repacked Q6_K, Q8_0 and Q4_K take every pass, a prompt's too, in groups of 16 (Q4_K: 0019 up to
+32 rows, 0042 every pass).
 Each computes, per row, what the one-row kernel computes, so the claim tested here is exact:
 every row of an n-row product is bit-identical to that row computed alone (which runs the
 one-row kernel). Without the patches the Q4_K rows of 4 or more (4-row gemm tiles, another
@@ -151,8 +151,8 @@ def test_a_pass_of_more_than_16_rows_computes_each_row_as_alone(backend, shape, 
     """Passes of more than 16 rows take the multi-row kernel in groups of 16, so their rows too
     are the rows alone: over repacked Q6_K and Q8_0 every pass, a prompt's too (x86 has no AVX2
     gemm tiles for them; 132 outputs: 16 groups of 8 columns and one of 4); over repacked Q4_K
-    passes of up to 32 rows, a batched round of several sequences' verify rows, where the AVX2
-    gemm's 4-row tiles took them before patch 0019 (larger passes keep the gemm)."""
+    passes of 17-32 rows, a batched round of several sequences' verify rows, where the AVX2
+    gemm's 4-row tiles took them before patch 0019."""
     prod = kw.Product(backend, shape)
     for rows in row_counts:
         bad, worst = prod.row_mismatches(rows, seed=rows)
@@ -161,9 +161,9 @@ def test_a_pass_of_more_than_16_rows_computes_each_row_as_alone(backend, shape, 
 
 def test_q4_K_passes_of_any_size_compute_each_row_as_alone_where_the_runtime_lifts_its_bound(backend, monkeypatch):
     """Where the runtime lets a Q4_K_M target's batched pass hold any number of rows (a backend
-    with AVX-512 and VNNI, runtime/batch.py's rows bound), every repacked Q4_K pass, a prompt's
-    too, must compute each row as alone (patch 0037): 40- and 96-row dense passes, past the
-    32 rows after which AVX2 builds take the gemm's 4-row tiles."""
+    with AVX2, runtime/batch.py's rows bound), every repacked Q4_K pass, a prompt's too, must
+    compute each row as alone (patches 0037 and 0042): 40- and 96-row dense passes, past the 32
+    rows after which AVX2 builds took the gemm's 4-row tiles before 0042."""
     from gguf import GGMLQuantizationType as Q
 
     bound = kw.rows_bound(monkeypatch, [(Q.Q4_K, (512, 2048))])
