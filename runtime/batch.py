@@ -17,9 +17,9 @@ prefill), so their rounds never wait for a whole prompt.
 
 Greedy output of a sequence does not depend on what runs beside it (tests/test_batch.py): a
 prompt part has the pass it has alone, and a decoding pass holds no more rows than the target's
-kernels compute each as alone (``max_pass_rows``: :data:`EXACT_PASS_ROWS`; 32 on a Q4_K_M target
-where the CPU backend has AVX2, none where it has AVX-512 with VNNI too; none where every weight
-is of a type computed alike in a pass of any size, F32, F16 and Q8_0). Under a bound each of
+kernels compute each as alone (``max_pass_rows``: :data:`EXACT_PASS_ROWS`; none on a Q4_K_M target
+where the CPU backend has AVX2, nor where every weight is of a type computed alike in a pass of
+any size, F32, F16 and Q8_0). Under a bound each of
 ``n`` sequences of a pass drafts at most ``max_pass_rows // n - 1`` tokens, so a fixed ``n_max``
 is cut under load (under 16 rows, 4 sequences at ``n_max`` 4 draft 3 each), and rows beyond it
 (a prompt's sequence joining others, more sequences than the bound has rows) wait for the next
