@@ -58,12 +58,11 @@ EXACT_PASS_ROWS = 16
 #: element, patch 0010; Q8_0 plain, or repacked on x86 where every pass takes the rows kernel in
 #: groups of 16, patch 0018; the bundled Q8_0 pair at 8 sequences of up to 8 rows, tests/test_batch.py).
 _ANY_ROWS_TYPES = frozenset({"F32", "F16", "Q8_0"})
-#: Where the CPU backend is built with AVX2, the most rows a pass over a repacked K-quant matrix
-#: (rows in eights; another stays in the plain layout) may hold for each row to be computed as
-#: alone: None, any, for Q6_K and Q4_K, where every pass takes the rows kernel in groups of 16
-#: (patches 0014 and 0042; with AVX-512 and VNNI, Q4_K's is the 512-bit one, 0036-0037).
-#: A weight of any other type, or of these elsewhere, gets :data:`EXACT_PASS_ROWS`.
-_REPACKED_AVX2_PASS_ROWS = {"Q6_K": None, "Q4_K": None}
+#: K-quant types computed alike in a pass of any size where the CPU backend is built with AVX2 and
+#: repacks the matrix (rows in eights; another stays in the plain layout): every pass takes the
+#: rows kernel in groups of 16 (patches 0014 and 0042; with AVX-512 and VNNI, Q4_K's is the 512-bit
+#: one, 0036-0037). A weight of any other type, or of these elsewhere, gets :data:`EXACT_PASS_ROWS`.
+_REPACKED_AVX2_ANY_ROWS_TYPES = frozenset({"Q6_K", "Q4_K"})
 
 
 @dataclass
@@ -82,16 +81,14 @@ def pass_rows_bound(target: TargetSpec, cpu_features: frozenset[str] | None = No
     it is alone on this CPU backend (``cpu_features``: the installed one's), the least its weights
     allow: None (any) where every weight is of a type computed alike in a pass of any size."""
     features = cpu_backend_features() if cpu_features is None else cpu_features
-    repacked = {}
-    if "AVX2" in features:
-        repacked = _REPACKED_AVX2_PASS_ROWS
+    repacked = _REPACKED_AVX2_ANY_ROWS_TYPES if "AVX2" in features else frozenset()
 
     def rows(t) -> int | None:
         kind = t.qtype.name
         if kind in _ANY_ROWS_TYPES:
             return None
         if kind in repacked and len(t.shape) >= 2 and t.shape[-2] % 8 == 0:
-            return repacked[kind]
+            return None
         return EXACT_PASS_ROWS
 
     bounds = [b for t in read_header_cached(target.path).tensors if (b := rows(t)) is not None]
