@@ -48,7 +48,30 @@ def lib() -> ctypes.CDLL:
         raise PatchedWheelMissing(
             f"patched libllama has ABI {abi}, this runtime expects {EXPECTED_ABI}; run `{SETUP}` to rebuild it"
         )
+    check_series(installed_llama_cpp_version())
     return handle
+
+
+def installed_llama_cpp_version() -> str | None:
+    """The version of the llama_cpp package this process imports (its ``__version__``, which the
+    wheel build writes)."""
+    import llama_cpp
+
+    return getattr(llama_cpp, "__version__", None)
+
+
+def check_series(version: str | None) -> None:
+    """Refuse a patched wheel built from other patches than this install's: the runtime relies on
+    what its own series' kernels do (which pass sizes compute each row as alone), so an older
+    wheel under a newer runtime could part a sequence from its output alone without an error."""
+    from .setup import wheel
+
+    want = wheel.series_key(wheel.series())
+    if wheel.series_of(version) != want:
+        raise PatchedWheelMissing(
+            f"llama-cpp-python {version} is not built from this laguna-dflash's patches (series {want}); "
+            f"run `{SETUP}` to build and install it"
+        )
 
 
 def _declare(h: ctypes.CDLL) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from laguna_dflash.runtime import cores
+from laguna_dflash.runtime import bindings, cores
 from laguna_dflash.runtime.cli import main
 from laguna_dflash.runtime.setup import report, wheel
 
@@ -29,12 +29,58 @@ def test_the_cache_key_follows_patch_content_order_and_flags(tmp_path):
     b.write_bytes(b"two\n")
     flags = wheel.build_flags(False, "native")
     key = wheel.cache_key([a, b], flags)
-    assert re.fullmatch(r"[0-9a-f]{16}", key) and key == wheel.cache_key([a, b], list(flags))
+    assert re.fullmatch(r"[0-9a-f]{10}\.[0-9a-f]{6}", key) and key == wheel.cache_key([a, b], list(flags))
     assert wheel.cache_key([b, a], flags) != key
-    assert wheel.cache_key([a, b], flags + ["-DX=1"]) != key
+    other_flags = wheel.cache_key([a, b], flags + ["-DX=1"])
+    assert other_flags != key and other_flags.split(".")[0] == key.split(".")[0] == wheel.series_key([a, b])
     b.write_bytes(b"two, changed\n")
-    assert wheel.cache_key([a, b], flags) != key
-    assert wheel.wheel_version(key) == f"0.3.36+laguna.{key[:10]}"
+    assert wheel.cache_key([a, b], flags) != key and wheel.series_key([a, b]) != key.split(".")[0]
+    assert wheel.wheel_version(key) == f"0.3.36+laguna.{key}"
+
+
+def _cuda_version() -> str:
+    """A CUDA wheel's version for these patches (its flags stood in for: no toolkit probed here)."""
+    return wheel.wheel_version(wheel.cache_key(wheel.series(), [*wheel.build_flags(False, "90"), "-DGGML_CUDA=on"]))
+
+
+def test_a_wheel_version_names_its_patch_series_whatever_its_flags():
+    want = wheel.series_key(wheel.series())
+    assert wheel.series_of(wheel.plan().version) == want
+    assert wheel.series_of(_cuda_version()) == want and _cuda_version() != wheel.plan().version
+    # a stock wheel, ours from before versions named the series, anything else: no series
+    for version in (None, "0.3.36", "0.3.36+laguna.d616464d41", f"0.3.37+laguna.{want}.ad3c87", "junk"):
+        assert wheel.series_of(version) is None
+
+
+def test_the_runtime_refuses_a_wheel_of_other_patches_in_one_line(tmp_path):
+    bindings.check_series(wheel.plan().version)
+    bindings.check_series(_cuda_version())
+    other = tmp_path / "0001-other.patch"
+    other.write_bytes(b"other\n")
+    stale = wheel.wheel_version(wheel.cache_key([other], wheel.build_flags(False, "native")))
+    for version in (stale, "0.3.36+laguna.d616464d41", None):
+        with pytest.raises(bindings.PatchedWheelMissing) as e:
+            bindings.check_series(version)
+        assert str(e.value) == (f"llama-cpp-python {version} is not built from this laguna-dflash's patches "
+                                f"(series {wheel.series_key(wheel.series())}); run `laguna-run setup` to build "
+                                "and install it")
+
+
+def test_laguna_run_under_a_stale_wheel_exits_2_and_setup_check_names_the_problem():
+    """An install upgraded without setup: the same patched libraries, a version naming other patches."""
+    stale = "import llama_cpp; llama_cpp.__version__ = '0.3.36+laguna.d616464d41'; "
+    run = [sys.executable, "-c", stale + "import sys; from laguna_dflash.runtime.cli import main; "
+           "sys.exit(main(['-p', 'x', '-n', '1']))"]
+    r = subprocess.run(run, capture_output=True, text=True)
+    why = ("llama-cpp-python 0.3.36+laguna.d616464d41 is not built from this laguna-dflash's patches "
+           f"(series {wheel.series_key(wheel.series())}); run `laguna-run setup` to build and install it")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"error: {why}"]
+    check = [sys.executable, "-c", stale + "import sys; from laguna_dflash.runtime.cli import main; "
+             "sys.exit(main(['setup', '--check']))"]
+    r = subprocess.run(check, capture_output=True, text=True)
+    assert r.returncode == 1
+    assert f"problem: {why}" in r.stdout and "Laguna patches: present" not in r.stdout
 
 
 def test_the_installed_wheel_is_this_trees_cpu_build():

@@ -41,8 +41,8 @@ def print_check() -> bool:
         return False
     if r.this_build:
         which = "the CPU build of this install's patches"
-    elif "CUDA" in r.backends:
-        which = "a CUDA build"
+    elif r.this_series and "CUDA" in r.backends:
+        which = "a CUDA build of this install's patches"
     else:
         which = "not the build of this install's patches (`laguna-run setup` replaces it)"
     out.print(f"llama-cpp-python: {r.version}, {which}", highlight=False)

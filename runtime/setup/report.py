@@ -15,6 +15,7 @@ class Report:
     version: str | None = None           # llama-cpp-python's installed version; None: not installed
     patched: bool = False                 # has the Laguna entry points, at the ABI this runtime expects
     this_build: bool = False              # the CPU wheel of this install's patches and flags
+    this_series: bool = False             # built from this install's patches (any flags)
     problem: str | None = None            # why it cannot be used, in one line
     backends: list[str] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
@@ -53,6 +54,7 @@ def gather() -> Report:
         r.problem = "llama-cpp-python is not installed"
         return r
     r.this_build = r.version == wheel.plan().version
+    r.this_series = wheel.series_of(r.version) == wheel.series_key(wheel.series())
     try:
         import llama_cpp.llama_cpp as ll
     except Exception as e:  # a library that does not load (a CUDA build without its runtime, say)

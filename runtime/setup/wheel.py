@@ -3,7 +3,9 @@
 
 The wheel is cached under ``$LAGUNA_DFLASH_CACHE`` (default ``~/.cache/laguna-dflash``), keyed by
 the sdist's hash, the content of every patch in ``patches/series`` order and the build flags, so
-a second setup (from any install or clone on the same machine) skips the compile.
+a second setup (from any install or clone on the same machine) skips the compile. Its version
+names the series, so that the runtime refuses a wheel built from other patches (an install
+upgraded without running setup again).
 """
 
 from __future__ import annotations
@@ -194,18 +196,31 @@ def cublas_flags() -> list[str]:
             f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}"]
 
 
-def cache_key(patches: list[Path], flags: list[str]) -> str:
+def series_key(patches: list[Path]) -> str:
+    """The patch series' name: the sdist's hash and every patch's name and content in order."""
     h = hashlib.sha256()
     h.update(SDIST_SHA256.encode())
     for p in patches:
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    h.update(" ".join(flags).encode())
-    return h.hexdigest()[:16]
+    return h.hexdigest()[:10]
+
+
+def cache_key(patches: list[Path], flags: list[str]) -> str:
+    """``<series>.<flags>``: the series' name first, so that a wheel's version says which
+    patches it was built from whatever its flags (a CPU or a CUDA build)."""
+    return f"{series_key(patches)}.{hashlib.sha256(' '.join(flags).encode()).hexdigest()[:6]}"
 
 
 def wheel_version(key: str) -> str:
     # a local version label keeps `llama-cpp-python==0.3.36` satisfied while naming the patch set
-    return f"{SDIST_VERSION}+laguna.{key[:10]}"
+    return f"{SDIST_VERSION}+laguna.{key}"
+
+
+def series_of(version: str | None) -> str | None:
+    """The patch series a llama-cpp-python version names; None for one not built by this setup
+    (a stock wheel, or ours from before its version named the series)."""
+    m = re.fullmatch(rf"{re.escape(SDIST_VERSION)}\+laguna\.([0-9a-f]{{10}})\.[0-9a-f]{{6}}", version or "")
+    return m.group(1) if m else None
 
 
 def installed_version() -> str | None:
@@ -246,8 +261,9 @@ def apply_patches(tree: Path, patches: list[Path]) -> None:
         log(f"applied {p.name}")
 
 
-def patched_source(patches: list[Path], key: str) -> Path:
-    """The extracted sdist with every patch applied, made once per cache key."""
+def patched_source(patches: list[Path]) -> Path:
+    """The extracted sdist with every patch applied, made once per series."""
+    key = series_key(patches)
     root = cache_root() / "src" / key
     tree = root / f"llama_cpp_python-{SDIST_VERSION}"
     if (root / ".complete").exists():
@@ -338,8 +354,7 @@ def plan(cuda: bool = False, cuda_arch: str = DEFAULT_CUDA_ARCH) -> Plan:
 
 def source_tree() -> Path:
     """The patched sdist tree (its vendored llama.cpp serves convert_hf_to_gguf.py), made once."""
-    patches = series()
-    return patched_source(patches, cache_key(patches, []))
+    return patched_source(series())
 
 
 def missing_build_tools() -> list[str]:
