@@ -66,7 +66,10 @@ def check_series(version: str | None) -> None:
     wheel under a newer runtime could part a sequence from its output alone without an error."""
     from .setup import wheel
 
-    want = wheel.series_key(wheel.series())
+    try:
+        want = wheel.series_key(wheel.series())
+    except wheel.BuildError as e:  # an install that lost its patches/series
+        raise PatchedWheelMissing(str(e)) from None
     if wheel.series_of(version) != want:
         raise PatchedWheelMissing(
             f"llama-cpp-python {version} is not built from this laguna-dflash's patches (series {want}); "

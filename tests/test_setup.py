@@ -66,6 +66,13 @@ def test_the_runtime_refuses_a_wheel_of_other_patches_in_one_line(tmp_path):
                                 "and install it")
 
 
+def test_an_install_without_its_patch_listing_is_refused_in_one_line(tmp_path, monkeypatch):
+    version = wheel.plan().version
+    monkeypatch.setattr(wheel, "PATCH_DIR", tmp_path)
+    with pytest.raises(bindings.PatchedWheelMissing, match=rf"^{tmp_path / 'series'}: missing; it lists the patches"):
+        bindings.check_series(version)
+
+
 def test_laguna_run_under_a_stale_wheel_exits_2_and_setup_check_names_the_problem():
     """An install upgraded without setup: the same patched libraries, a version naming other patches."""
     stale = "import llama_cpp; llama_cpp.__version__ = '0.3.36+laguna.d616464d41'; "
