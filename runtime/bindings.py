@@ -11,6 +11,7 @@ from functools import cache
 from types import ModuleType
 
 from ..convert.errors import UserError
+from . import patch_series
 
 #: Must equal laguna_ext_abi_version() in the patched libllama (patches 0002 and 0003).
 EXPECTED_ABI = 2
@@ -64,13 +65,8 @@ def check_series(version: str | None) -> None:
     """Refuse a patched wheel built from other patches than this install's: the runtime relies on
     what its own series' kernels do (which pass sizes compute each row as alone), so an older
     wheel under a newer runtime could part a sequence from its output alone without an error."""
-    from .setup import wheel
-
-    try:
-        want = wheel.series_key(wheel.series())
-    except wheel.BuildError as e:  # an install that lost its patches/series
-        raise PatchedWheelMissing(str(e)) from None
-    if wheel.series_of(version) != want:
+    want = patch_series.series_key(patch_series.series())
+    if patch_series.series_of(version) != want:
         raise PatchedWheelMissing(
             f"llama-cpp-python {version} is not built from this laguna-dflash's patches (series {want}); "
             f"run `{SETUP}` to build and install it"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from laguna_dflash.runtime import bindings, cores
+from laguna_dflash.runtime import bindings, cores, patch_series
 from laguna_dflash.runtime.cli import main
 from laguna_dflash.runtime.setup import report, wheel
 
@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_patch_series_is_the_one_of_this_tree():
-    assert wheel.PATCH_DIR == REPO / "patches"
-    assert [p.name for p in wheel.series()] == [ln.strip() for ln in (REPO / "patches" / "series").read_text()
+    assert patch_series.PATCH_DIR == REPO / "patches"
+    assert [p.name for p in patch_series.series()] == [ln.strip() for ln in (REPO / "patches" / "series").read_text()
                                                 .splitlines() if ln.strip() and not ln.startswith("#")]
 
 
@@ -32,24 +32,24 @@ def test_the_cache_key_follows_patch_content_order_and_flags(tmp_path):
     assert re.fullmatch(r"[0-9a-f]{10}\.[0-9a-f]{6}", key) and key == wheel.cache_key([a, b], list(flags))
     assert wheel.cache_key([b, a], flags) != key
     other_flags = wheel.cache_key([a, b], flags + ["-DX=1"])
-    assert other_flags != key and other_flags.split(".")[0] == key.split(".")[0] == wheel.series_key([a, b])
+    assert other_flags != key and other_flags.split(".")[0] == key.split(".")[0] == patch_series.series_key([a, b])
     b.write_bytes(b"two, changed\n")
-    assert wheel.cache_key([a, b], flags) != key and wheel.series_key([a, b]) != key.split(".")[0]
+    assert wheel.cache_key([a, b], flags) != key and patch_series.series_key([a, b]) != key.split(".")[0]
     assert wheel.wheel_version(key) == f"0.3.36+laguna.{key}"
 
 
 def _cuda_version() -> str:
     """A CUDA wheel's version for these patches (its flags stood in for: no toolkit probed here)."""
-    return wheel.wheel_version(wheel.cache_key(wheel.series(), [*wheel.build_flags(False, "90"), "-DGGML_CUDA=on"]))
+    return wheel.wheel_version(wheel.cache_key(patch_series.series(), [*wheel.build_flags(False, "90"), "-DGGML_CUDA=on"]))
 
 
 def test_a_wheel_version_names_its_patch_series_whatever_its_flags():
-    want = wheel.series_key(wheel.series())
-    assert wheel.series_of(wheel.plan().version) == want
-    assert wheel.series_of(_cuda_version()) == want and _cuda_version() != wheel.plan().version
+    want = patch_series.series_key(patch_series.series())
+    assert patch_series.series_of(wheel.plan().version) == want
+    assert patch_series.series_of(_cuda_version()) == want and _cuda_version() != wheel.plan().version
     # a stock wheel, ours from before versions named the series, anything else: no series
     for version in (None, "0.3.36", "0.3.36+laguna.d616464d41", f"0.3.37+laguna.{want}.ad3c87", "junk"):
-        assert wheel.series_of(version) is None
+        assert patch_series.series_of(version) is None
 
 
 def test_the_runtime_refuses_a_wheel_of_other_patches_in_one_line(tmp_path):
@@ -62,14 +62,14 @@ def test_the_runtime_refuses_a_wheel_of_other_patches_in_one_line(tmp_path):
         with pytest.raises(bindings.PatchedWheelMissing) as e:
             bindings.check_series(version)
         assert str(e.value) == (f"llama-cpp-python {version} is not built from this laguna-dflash's patches "
-                                f"(series {wheel.series_key(wheel.series())}); run `laguna-run setup` to build "
+                                f"(series {patch_series.series_key(patch_series.series())}); run `laguna-run setup` to build "
                                 "and install it")
 
 
 def test_an_install_without_its_patch_listing_is_refused_in_one_line(tmp_path, monkeypatch):
     version = wheel.plan().version
-    monkeypatch.setattr(wheel, "PATCH_DIR", tmp_path)
-    with pytest.raises(bindings.PatchedWheelMissing, match=rf"^{tmp_path / 'series'}: missing; it lists the patches"):
+    monkeypatch.setattr(patch_series, "PATCH_DIR", tmp_path)
+    with pytest.raises(patch_series.PatchSeriesError, match=rf"^{tmp_path / 'series'}: missing; it lists the patches"):
         bindings.check_series(version)
 
 
@@ -80,7 +80,7 @@ def test_laguna_run_under_a_stale_wheel_exits_2_and_setup_check_names_the_proble
            "sys.exit(main(['-p', 'x', '-n', '1']))"]
     r = subprocess.run(run, capture_output=True, text=True)
     why = ("llama-cpp-python 0.3.36+laguna.d616464d41 is not built from this laguna-dflash's patches "
-           f"(series {wheel.series_key(wheel.series())}); run `laguna-run setup` to build and install it")
+           f"(series {patch_series.series_key(patch_series.series())}); run `laguna-run setup` to build and install it")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"error: {why}"]
     check = [sys.executable, "-c", stale + "import sys; from laguna_dflash.runtime.cli import main; "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass, field
 
+from .. import patch_series
 from ..cores import cpu_features
 from . import wheel
 
@@ -54,7 +55,7 @@ def gather() -> Report:
         r.problem = "llama-cpp-python is not installed"
         return r
     r.this_build = r.version == wheel.plan().version
-    r.this_series = wheel.series_of(r.version) == wheel.series_key(wheel.series())
+    r.this_series = patch_series.series_of(r.version) == patch_series.series_key(patch_series.series())
     try:
         import llama_cpp.llama_cpp as ll
     except Exception as e:  # a library that does not load (a CUDA build without its runtime, say)

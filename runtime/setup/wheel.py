@@ -24,16 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...convert.files import cache_root, sha256_file
+from ..patch_series import SDIST_SHA256, SDIST_VERSION, series, series_key
 
 SDIST_NAME = "llama-cpp-python"
-SDIST_VERSION = "0.3.36"
-SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
-SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST_FILE = f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
 DEFAULT_CUDA_ARCH = "native"
-
-#: the patch series: ``patches/`` of the source tree, installed as ``laguna_dflash/patches`` beside
-#: ``laguna_dflash/runtime`` (pyproject.toml maps both), so the same two levels up find it
-PATCH_DIR = Path(__file__).resolve().parents[2] / "patches"
 
 
 class BuildError(RuntimeError):
@@ -46,22 +41,6 @@ def _print_line(msg: str) -> None:
 
 #: where progress lines go; the setup command swaps in its console
 log: Callable[[str], None] = _print_line
-
-
-def series() -> list[Path]:
-    """Patches in the order ``patches/series`` lists them (one file name a line, '#' comments)."""
-    listing = PATCH_DIR / "series"
-    if not listing.exists():
-        raise BuildError(f"{listing}: missing; it lists the patches in the order they apply")
-    names = [ln.split("#", 1)[0].strip() for ln in listing.read_text().splitlines()]
-    patches = [PATCH_DIR / n for n in names if n]
-    for p in patches:
-        if not p.exists():
-            raise BuildError(f"{listing}: names {p.name}, which does not exist")
-    unlisted = sorted({p.name for p in PATCH_DIR.glob("*.patch")} - {p.name for p in patches})
-    if unlisted:
-        raise BuildError(f"{listing}: does not list {', '.join(unlisted)}")
-    return patches
 
 
 def build_flags(cuda: bool, cuda_arch: str) -> list[str]:
@@ -196,15 +175,6 @@ def cublas_flags() -> list[str]:
             f"-DCMAKE_CUDA_FLAGS=-I{inc}", f"-DCMAKE_CXX_FLAGS=-I{inc}"]
 
 
-def series_key(patches: list[Path]) -> str:
-    """The patch series' name: the sdist's hash and every patch's name and content in order."""
-    h = hashlib.sha256()
-    h.update(SDIST_SHA256.encode())
-    for p in patches:
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()[:10]
-
-
 def cache_key(patches: list[Path], flags: list[str]) -> str:
     """``<series>.<flags>``: the series' name first, so that a wheel's version says which
     patches it was built from whatever its flags (a CPU or a CUDA build)."""
@@ -214,13 +184,6 @@ def cache_key(patches: list[Path], flags: list[str]) -> str:
 def wheel_version(key: str) -> str:
     # a local version label keeps `llama-cpp-python==0.3.36` satisfied while naming the patch set
     return f"{SDIST_VERSION}+laguna.{key}"
-
-
-def series_of(version: str | None) -> str | None:
-    """The patch series a llama-cpp-python version names; None for one not built by this setup
-    (a stock wheel, or ours from before its version named the series)."""
-    m = re.fullmatch(rf"{re.escape(SDIST_VERSION)}\+laguna\.([0-9a-f]{{10}})\.[0-9a-f]{{6}}", version or "")
-    return m.group(1) if m else None
 
 
 def installed_version() -> str | None:
