@@ -67,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
 
     engines = {}
     for name, (kind, threads, streams, lanes) in CELLS.items():
-        engines[name] = ([Engine(target, config=config(threads), drafter_model=drafter, pair=pair)] if kind == "separate"
-                         else make_engine(target, pair, config(threads), streams, lanes, drafter))
+        if kind == "separate":
+            engines[name] = [Engine(target, config=config(threads), drafter_model=drafter, pair=pair)]
+        else:
+            engines[name] = make_engine(target, pair, config(threads), streams, lanes, drafter)
 
     def run(name: str) -> tuple[float, list[list[int]]]:
         kind, _, streams, _ = CELLS[name]
