@@ -161,6 +161,55 @@ def test_tool_call_arguments_are_accepted_in_the_schema_order_whatever_it_is(tar
     assert compile_constraint(Constraint.tool_calls(tools), target).matcher().try_consume(tokens) < len(tokens)
 
 
+@pytest.mark.parametrize("max_length", [16, 256, 4096])
+def test_a_bounded_string_argument_closes_however_the_tokenizer_cuts_its_tag(target, max_length):
+    # the value was a token of its own (bounded, without the tag) before a tag token: where the
+    # tokenizer cuts </arg_value> into pieces, the first went into the value and the closing >
+    # was refused, and from 256 characters the lexer ran past llguidance's limits there (Claude
+    # Code's ListAgents tool: HTTP 400s in the middle of a session, docs/agents.md)
+    tools = [{"type": "function", "function": {"name": "list", "parameters": {
+        "type": "object", "properties": {"cursor": {"type": "string", "maxLength": max_length}},
+        "additionalProperties": False}}}]
+    assert len(target.tokenize("</arg_value>", add_special=False)) > 1
+
+    def call(value: str) -> list[int]:
+        return target.tokenize(f"<tool_call>list<arg_key>cursor</arg_key><arg_value>{value}</arg_value></tool_call>",
+                               add_special=False, parse_special=True)
+
+    c = compile_constraint(Constraint.tool_calls(tools), target)
+    for value in ("5", "a" * max_length, "</arg_value" * (max_length // 11)):
+        tokens = call(value)
+        m = c.matcher()
+        assert m.try_consume(tokens) == len(tokens), value[:40]
+        assert m.accepting
+    m = c.matcher()
+    tokens = call("5")
+    m.try_consume(tokens[:-2])  # the tag but its >, then </tool_call>
+    allowed = m.allowed()
+    assert allowed[tokens[-2]] and not m.stopped
+    too_long = call("a" * (max_length + 1))
+    assert c.matcher().try_consume(too_long) < len(too_long)
+
+
+def test_a_matcher_that_llguidance_gave_up_on_fails_as_the_servers_fault(target):
+    # in its error state llguidance allows only end tokens but consumes none: the sampler's end
+    # token was refused as "not allowed by the constraint", which the server answered with a 400
+    from laguna_dflash.runtime.constraint import ConstrainedSampler, ConstraintFailed
+
+    c = compile_constraint(Constraint.grammar('root ::= "yes"'), target)
+    m = c.matcher()
+    no = target.tokenize("no", add_special=False)[0]
+    assert not m._m.consume_token(no) and m._m.is_error()
+    eos = next(t for t in range(target.n_vocab) if target.is_eog(t))
+    logits = np.zeros(target.n_vocab, dtype=np.float32)
+    logits[eos] = 10.0
+    with pytest.raises(ConstraintFailed, match="^the output constraint failed: "):
+        ConstrainedSampler(SamplingParams(), m).sample(logits)
+    fresh = c.matcher()  # a token the grammar forbids, in a matcher that works, is still a ValueError
+    with pytest.raises(ValueError, match=f"token {no} is not allowed"):
+        fresh.consume([no])
+
+
 def test_json_schemas_differing_only_in_property_order_are_compiled_apart(target):
     a = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}, "required": ["x", "y"]}
     b = {"type": "object", "properties": {"y": {"type": "integer"}, "x": {"type": "integer"}}, "required": ["x", "y"]}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from .compiled import CompiledConstraint, compile_constraint, precheck
 from .lark import closed_objects
-from .matcher import ConstrainedSampler, Matcher
+from .matcher import ConstrainedSampler, ConstraintFailed, Matcher
 from .requests import (constraint_from_flags, constraint_from_request, declared_calls_constraint,
                        tool_choice_constraint)
 from .spec import JSON_LAYOUT, LIMITS, MAX_SOURCE_BYTES, Constraint, ConstraintError
@@ -34,6 +34,6 @@ from .tool_calls import tool_call_grammar
 from .vocabulary import Vocabulary, tokenizer_for
 
 __all__ = ["JSON_LAYOUT", "LIMITS", "MAX_SOURCE_BYTES", "CompiledConstraint", "ConstrainedSampler", "Constraint",
-           "ConstraintError", "Matcher", "Vocabulary", "closed_objects", "compile_constraint",
+           "ConstraintError", "ConstraintFailed", "Matcher", "Vocabulary", "closed_objects", "compile_constraint",
            "constraint_from_flags", "constraint_from_request", "declared_calls_constraint", "precheck",
            "tool_call_grammar", "tool_choice_constraint", "tokenizer_for"]

@@ -11,6 +11,12 @@ import numpy as np
 from ..sampling import Sampler, SamplingParams
 
 
+class ConstraintFailed(RuntimeError):
+    """llguidance gave up on a generation (a lexer or parser limit reached in the middle of the
+    output): nothing but an end token is allowed from there, though the output is not complete.
+    The server's fault, not the request's: HTTP 500 with llguidance's reason."""
+
+
 class Matcher:
     """One generation's position in a compiled constraint (CompiledConstraint.matcher())."""
 
@@ -105,10 +111,12 @@ class Matcher:
 
     def consume(self, tokens: Sequence[int]) -> None:
         """Consume ``tokens``, every one of which must be allowed (ValueError otherwise, the
-        matcher unchanged)."""
+        matcher unchanged; ConstraintFailed where llguidance has given up)."""
         n = self.try_consume(tokens)
         if n != len(tokens):
             self.rollback(n)
+            if self._m.is_error():
+                raise ConstraintFailed(f"the output constraint failed: {self._m.get_error().splitlines()[0]}")
             raise ValueError(f"token {int(tokens[n])} is not allowed by the constraint here")
 
     def rollback(self, n: int) -> None:

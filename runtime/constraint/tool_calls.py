@@ -66,7 +66,7 @@ def tool_call_grammar(tools: Sequence[dict], choice: str | dict, tok, field_name
             if not isinstance(sub, dict):
                 sub = {}
             if sub.get("type") == "string":
-                value = _raw_string_rule(sub, f"RAW_{i}_{j}", rules)
+                value = _raw_string_rule(sub, f"raw_{i}_{j}", rules)
             else:
                 rules.append(f"value_{i}_{j}: {inline_json(closed_objects(sub), True)}")
                 value = f'value_{i}_{j} "</arg_value>"'
@@ -77,9 +77,18 @@ def tool_call_grammar(tools: Sequence[dict], choice: str | dict, tok, field_name
 
 
 def _raw_string_rule(schema: dict, name: str, rules: list[str]) -> str:
-    """A string-typed argument: its raw text, then ``</arg_value>``. ``enum`` and the length
-    bounds are enforced (a bound also keeps a model from writing one value forever); ``format``
-    and ``pattern`` are not (they are hints in most tool schemas)."""
+    """A string-typed argument: its raw text, then ``</arg_value>``. ``enum`` and ``maxLength``
+    are enforced (a bound also keeps a model from writing one value forever), and ``minLength``
+    beside a ``maxLength``; ``format`` and ``pattern`` are not (they are hints in most tool
+    schemas).
+
+    A bounded value is one lazy lexeme that holds its closing tag, as the unbounded
+    ``raw_value``: it ends at the first ``</arg_value>`` after at least ``minLength`` characters
+    (an earlier one stays in the value), whatever pieces the tokenizer cuts the tag into. A
+    value lexeme of its own, without the tag, followed by the tag, took the tag's first pieces
+    into the value and refused its ``>``, and the intersection that kept the tag out of it
+    outgrew llguidance's lexer limits from about 256 characters (docs/agents.md, "Claude Code's
+    400s")."""
     if isinstance(schema.get("enum"), list) and all(isinstance(v, str) for v in schema["enum"]) and schema["enum"]:
         return "(" + " | ".join(lark_literal(v) for v in schema["enum"]) + ') "</arg_value>"'
     lo, hi = schema.get("minLength", 0), schema.get("maxLength")
@@ -87,6 +96,5 @@ def _raw_string_rule(schema: dict, name: str, rules: list[str]) -> str:
         lo = 0
     if hi is None or not isinstance(hi, int) or isinstance(hi, bool) or hi < lo:
         return "raw_value"
-    # any text of that length that does not contain the closing tag
-    rules.append(f"{name}: /(?s:.){{{lo},{hi}}}/ & ~/(?s:.*)<\\/arg_value>(?s:.*)/")
-    return f'{name} "</arg_value>"'
+    rules.append(f"{name}[lazy]: /(?s:.){{{lo},{hi}}}<\\/arg_value>/")
+    return name
