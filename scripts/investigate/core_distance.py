@@ -42,6 +42,12 @@ def round_trip_ns(binary: Path, rounds: int) -> float:
     return float(out.stdout)
 
 
+def by_class(samples: list[dict]) -> dict[str, list[dict]]:
+    """The samples of each class that has any, near first."""
+    groups = {cls: [s for s in samples if s["class"] == cls] for cls in ("near", "far", "mixed")}
+    return {cls: rows for cls, rows in groups.items() if rows}
+
+
 def classify(before: float, after: float, near_ns: float) -> str:
     if before < near_ns and after < near_ns:
         return "near"
@@ -102,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 ctx.close()
 
     summary = {}
-    for cls in ("near", "far", "mixed"):
-        rows = [s for s in samples if s["class"] == cls]
-        if not rows:
-            continue
+    for cls, rows in by_class(samples).items():
         one = statistics.median(s["step_ms_1_thread"] for s in rows)
         two = statistics.median(s["step_ms_2_threads"] for s in rows)
         ratios = [s["step_ms_2_threads"] / s["step_ms_1_thread"] for s in rows]

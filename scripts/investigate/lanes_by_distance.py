@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scripts.arguments import require_at_least
 from scripts.bench.bench_concurrency import in_a_thread, run_batched, run_separate
-from scripts.investigate.core_distance import build_round_trip, classify, round_trip_ns
+from scripts.investigate.core_distance import build_round_trip, by_class, classify, round_trip_ns
 from scripts.recorded import command_line, write_json
 
 #: the cells in their order within a sample: (kind, threads, streams, lanes)
@@ -107,10 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             e.close()
 
     summary = {}
-    for cls in ("near", "far", "mixed"):
-        rows = [s for s in samples if s["class"] == cls]
-        if not rows:
-            continue
+    for cls, rows in by_class(samples).items():
         figures = {name: [s["tokens_per_s"][name] for s in rows] for name in CELLS}
         figures |= {label: [s["tokens_per_s"][a] / s["tokens_per_s"][b] for s in rows]
                     for label, (a, b) in RATIOS.items()}

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from scripts.investigate.core_distance import build_round_trip, classify, round_trip_ns
+from scripts.investigate.core_distance import build_round_trip, by_class, classify, round_trip_ns
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
 
@@ -36,3 +36,9 @@ def test_a_cpu_the_machine_lacks_and_a_count_under_one_are_one_line_and_exit_cod
 def test_samples_are_near_only_when_both_round_trips_are():
     assert [classify(b, a, 200.0) for b, a in ((90, 110), (90, 450), (460, 120), (470, 480))] == \
         ["near", "mixed", "mixed", "far"]
+
+
+def test_samples_are_grouped_by_class_near_first_and_empty_classes_left_out():
+    samples = [{"class": c} for c in ("far", "near", "far")]
+    assert {cls: len(rows) for cls, rows in by_class(samples).items()} == {"near": 1, "far": 2}
+    assert list(by_class(samples)) == ["near", "far"]
