@@ -65,7 +65,7 @@ def check_series(version: str | None) -> None:
     """Refuse a patched wheel built from other patches than this install's: the runtime relies on
     what its own series' kernels do (which pass sizes compute each row as alone), so an older
     wheel under a newer runtime could part a sequence from its output alone without an error."""
-    want = patch_series.series_key(patch_series.series())
+    want = patch_series.this_series()
     if patch_series.series_of(version) != want:
         raise PatchedWheelMissing(
             f"llama-cpp-python {version} is not built from this laguna-dflash's patches (series {want}); "

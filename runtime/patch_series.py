@@ -51,6 +51,11 @@ def series_key(patches: list[Path]) -> str:
     return h.hexdigest()[:10]
 
 
+def this_series() -> str:
+    """The name of the series this install carries (its listing read, every patch hashed)."""
+    return series_key(series())
+
+
 def series_of(version: str | None) -> str | None:
     """The patch series a llama-cpp-python version names (``0.3.36+laguna.<series>.<flags>``);
     None for one not built by setup (a stock wheel, or ours from before versions named it)."""

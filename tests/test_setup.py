@@ -44,7 +44,7 @@ def _cuda_version() -> str:
 
 
 def test_a_wheel_version_names_its_patch_series_whatever_its_flags():
-    want = patch_series.series_key(patch_series.series())
+    want = patch_series.this_series()
     assert patch_series.series_of(wheel.plan().version) == want
     assert patch_series.series_of(_cuda_version()) == want and _cuda_version() != wheel.plan().version
     # a stock wheel, ours from before versions named the series, anything else: no series
@@ -62,7 +62,7 @@ def test_the_runtime_refuses_a_wheel_of_other_patches_in_one_line(tmp_path):
         with pytest.raises(bindings.PatchedWheelMissing) as e:
             bindings.check_series(version)
         assert str(e.value) == (f"llama-cpp-python {version} is not built from this laguna-dflash's patches "
-                                f"(series {patch_series.series_key(patch_series.series())}); run `laguna-run setup` to build "
+                                f"(series {patch_series.this_series()}); run `laguna-run setup` to build "
                                 "and install it")
 
 
@@ -80,7 +80,7 @@ def test_laguna_run_under_a_stale_wheel_exits_2_and_setup_check_names_the_proble
            "sys.exit(main(['-p', 'x', '-n', '1']))"]
     r = subprocess.run(run, capture_output=True, text=True)
     why = ("llama-cpp-python 0.3.36+laguna.d616464d41 is not built from this laguna-dflash's patches "
-           f"(series {patch_series.series_key(patch_series.series())}); run `laguna-run setup` to build and install it")
+           f"(series {patch_series.this_series()}); run `laguna-run setup` to build and install it")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"error: {why}"]
     check = [sys.executable, "-c", stale + "import sys; from laguna_dflash.runtime.cli import main; "

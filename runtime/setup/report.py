@@ -55,7 +55,7 @@ def gather() -> Report:
         r.problem = "llama-cpp-python is not installed"
         return r
     r.this_build = r.version == wheel.plan().version
-    r.this_series = patch_series.series_of(r.version) == patch_series.series_key(patch_series.series())
+    r.this_series = patch_series.series_of(r.version) == patch_series.this_series()
     try:
         import llama_cpp.llama_cpp as ll
     except Exception as e:  # a library that does not load (a CUDA build without its runtime, say)
