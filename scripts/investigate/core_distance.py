@@ -37,6 +37,12 @@ def build_round_trip(folder: Path) -> Path:
     return binary
 
 
+def add_round_trip_args(ap: argparse.ArgumentParser) -> None:
+    """The round trip's flags, as every probe that classes its samples by it takes them."""
+    ap.add_argument("--rounds", type=int, default=200000, help="round trips per measurement")
+    ap.add_argument("--near-ns", type=float, default=200.0, help="a round trip under this is near")
+
+
 def round_trip_ns(binary: Path, rounds: int) -> float:
     out = subprocess.run([str(binary), "0", "1", str(rounds)], check=True, capture_output=True, text=True)
     return float(out.stdout)
@@ -60,8 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=40)
     ap.add_argument("--steps", type=int, default=60, help="one-row steps per burst")
-    ap.add_argument("--rounds", type=int, default=200000, help="round trips per measurement")
-    ap.add_argument("--near-ns", type=float, default=200.0, help="a round trip under this is near")
+    add_round_trip_args(ap)
     ap.add_argument("--pause", type=float, default=2.0, help="seconds between samples")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from scripts.arguments import require_at_least
 from scripts.bench.bench_concurrency import in_a_thread, run_batched, run_separate
-from scripts.investigate.core_distance import build_round_trip, by_class, classify, round_trip_ns
+from scripts.investigate.core_distance import add_round_trip_args, build_round_trip, by_class, classify, round_trip_ns
 from scripts.recorded import command_line, write_json
 
 #: the cells in their order within a sample: (kind, threads, streams, lanes)
@@ -41,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=12)
     ap.add_argument("--pause", type=float, default=20.0, help="seconds of idle between samples")
-    ap.add_argument("--rounds", type=int, default=200000, help="round trips per measurement")
-    ap.add_argument("--near-ns", type=float, default=200.0, help="a round trip under this is near")
+    add_round_trip_args(ap)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     require_at_least(ap, args, samples=1, rounds=2)
@@ -68,14 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     engines = {}
     for name, (kind, threads, streams, lanes) in CELLS.items():
         if kind == "separate":
-            engines[name] = [Engine(target, config=config(threads), drafter_model=drafter, pair=pair)]
+            engines[name] = Engine(target, config=config(threads), drafter_model=drafter, pair=pair)
         else:
             engines[name] = make_engine(target, pair, config(threads), streams, lanes, drafter)
 
     def run(name: str) -> tuple[float, list[list[int]]]:
         kind, _, streams, _ = CELLS[name]
         if kind == "separate":
-            summary, tokens = run_separate(engines[name], prompts, opts, 1)
+            summary, tokens = run_separate([engines[name]], prompts, opts, 1)
         else:
             summary, tokens = in_a_thread(run_batched, engines[name], prompts, opts, streams)
         return summary["aggregate"], tokens
@@ -103,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress.advance(task)
                 time.sleep(args.pause)
     for engine in engines.values():
-        for e in (engine if isinstance(engine, list) else [engine]):
-            e.close()
+        engine.close()
 
     summary = {}
     for cls, rows in by_class(samples).items():
