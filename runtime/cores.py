@@ -39,6 +39,10 @@ TAKEN_CORE = 0.5
 #: ratios suspect
 BUSY_WARN_CORES = 0.3
 
+#: /proc/cpuinfo's identifying numbers (x86, Arm) and the names ``cpu_facts`` gives them
+CPUID_FIELDS = {"cpu family": "family", "model": "model", "stepping": "stepping",
+                "CPU implementer": "implementer", "CPU part": "part"}
+
 #: /proc/cpuinfo flags (by prefix) that decide which of ggml's CPU kernels run: x86's vector
 #: and matrix extensions (``pni`` is the kernel's name for SSE3), Arm's SIMD, dot-product and
 #: matrix ones
@@ -106,12 +110,14 @@ def cpu_features(system_info: str) -> list[str]:
 
 
 def cpu_facts() -> dict:
-    """The CPU a measurement ran on: ``model`` (/proc/cpuinfo's model name), ``flags`` (its
-    flags, or Arm's Features, among KERNEL_FLAG_PREFIXES, sorted), ``cores`` (the machine's
-    logical CPUs, ``os.cpu_count()``) and ``affinity_cores`` (those this process may run on,
-    which the default thread count starts from). Without /proc/cpuinfo: the platform's
-    processor name and no flags."""
-    model, flags = "", set()
+    """The CPU a measurement ran on: ``model`` (/proc/cpuinfo's model name), ``cpuid`` (its
+    identifying numbers, x86's family, model and stepping or Arm's implementer and part: a VM's
+    name alone, "AMD EPYC", covers cores years apart), ``flags`` (its flags, or Arm's Features,
+    among KERNEL_FLAG_PREFIXES, sorted), ``cores`` (the machine's logical CPUs,
+    ``os.cpu_count()``) and ``affinity_cores`` (those this process may run on, which the default
+    thread count starts from). Without /proc/cpuinfo: the platform's processor name, no numbers
+    and no flags."""
+    model, flags, ids = "", set(), {}
     try:
         text = _read("/proc/cpuinfo")
     except OSError:
@@ -125,8 +131,11 @@ def cpu_facts() -> dict:
             model = value.strip()
         elif key in ("flags", "Features") and not flags:
             flags = {f for f in value.split() if f.startswith(KERNEL_FLAG_PREFIXES)}
-    return {"model": model or platform.processor() or platform.machine(), "flags": sorted(flags),
-            "cores": os.cpu_count(), "affinity_cores": len(affinity())}
+        elif key in CPUID_FIELDS:
+            ids.setdefault(key, value.strip())
+    cpuid = " ".join(f"{name} {ids[key]}" for key, name in CPUID_FIELDS.items() if key in ids)
+    return {"model": model or platform.processor() or platform.machine(), "cpuid": cpuid,
+            "flags": sorted(flags), "cores": os.cpu_count(), "affinity_cores": len(affinity())}
 
 
 class CpuMeter:

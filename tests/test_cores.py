@@ -226,3 +226,46 @@ def test_cpu_facts_are_this_machines():
     assert not {"fpu", "sse", "sse2", "lm"} & set(facts["flags"])
     assert facts["cores"] == os.cpu_count()
     assert facts["affinity_cores"] == len(os.sched_getaffinity(0))
+    fields = {}
+    for line in open("/proc/cpuinfo").read().splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    assert facts["cpuid"] == f"family {fields['cpu family']} model {fields['model']} stepping {fields['stepping']}"
+
+
+X86_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 17
+model name\t: AMD EPYC
+stepping\t: 1
+flags\t\t: fpu avx2 avx512f avx512_vnni
+
+processor\t: 1
+cpu family\t: 99
+model\t\t: 99
+model name\t: AMD EPYC
+"""
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd asimddp i8mm
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x1
+CPU part\t: 0xd40
+
+"""
+
+
+@pytest.mark.parametrize("text, model, cpuid", [
+    (X86_CPUINFO, "AMD EPYC", "family 25 model 17 stepping 1"),
+    (ARM_CPUINFO, None, "implementer 0x41 part 0xd40"),
+    ("", None, ""),
+])
+def test_cpu_facts_name_the_first_processors_numbers(monkeypatch, text, model, cpuid):
+    # two cores of one name can be years apart (Zen 3 and Zen 4 both call themselves "AMD EPYC")
+    monkeypatch.setattr(cores, "_read", lambda path: text)
+    facts = cores.cpu_facts()
+    assert facts["cpuid"] == cpuid
+    if model:
+        assert facts["model"] == model and facts["flags"] == ["avx2", "avx512_vnni", "avx512f"]
