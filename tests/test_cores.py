@@ -202,8 +202,8 @@ def test_the_warning_threshold():
 
 
 
-def proc_cpuinfo() -> tuple[str, set[str]]:
-    """This machine's first model name and flags (x86 Linux), read here independently of cores.py."""
+def proc_cpuinfo() -> dict[str, str]:
+    """This machine's first processor's fields (x86 Linux), read here independently of cores.py."""
     fields: dict[str, str] = {}
     if os.path.exists("/proc/cpuinfo"):
         for line in open("/proc/cpuinfo").read().splitlines():
@@ -211,11 +211,12 @@ def proc_cpuinfo() -> tuple[str, set[str]]:
             fields.setdefault(key.strip(), value.strip())
     if "model name" not in fields or "flags" not in fields:
         pytest.skip("no x86 /proc/cpuinfo here")
-    return fields["model name"], set(fields["flags"].split())
+    return fields
 
 
 def test_cpu_facts_are_this_machines():
-    model, flags = proc_cpuinfo()
+    fields = proc_cpuinfo()
+    model, flags = fields["model name"], set(fields["flags"].split())
     facts = cores.cpu_facts()
     assert facts["model"] == model != ""
     assert facts["flags"] == sorted(facts["flags"]) and set(facts["flags"]) <= flags
@@ -226,10 +227,6 @@ def test_cpu_facts_are_this_machines():
     assert not {"fpu", "sse", "sse2", "lm"} & set(facts["flags"])
     assert facts["cores"] == os.cpu_count()
     assert facts["affinity_cores"] == len(os.sched_getaffinity(0))
-    fields = {}
-    for line in open("/proc/cpuinfo").read().splitlines():
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
     assert facts["cpuid"] == f"family {fields['cpu family']} model {fields['model']} stepping {fields['stepping']}"
 
 
