@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                                "peer_snapshot": {c.name: peer_snapshot(Path(c.binary).parent) for c in configs},
                                "table": table,
                                "samples_ms": samples}, indent=1)
+        args.json.with_suffix(".partial.json").unlink(missing_ok=True)  # the full record replaces it
     if args.png:
         plot(args.png, configs, rows, table, args.threads)
     return 0

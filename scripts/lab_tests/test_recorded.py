@@ -9,6 +9,8 @@ import json
 import stat
 from pathlib import Path
 
+import pytest
+
 from laguna_dflash.runtime.cores import cpu_facts
 from scripts.bench import bench_peer, bench_rows
 from scripts.recorded import REPO, write_json, write_results
@@ -103,7 +105,25 @@ def test_bench_rows_records_the_cpu_and_each_builds_snapshot(tmp_path):
     assert result["table"]["ik"]["2"]["median_ms"] == 3.0
     # a wrapper script loads no ggml library of its own: recorded as unknown, not refused
     assert result["libggml_cpu"] == {"ik": {"path": None, "sha256": None}, "ours": {"path": None, "sha256": None}}
-    assert json.loads(out.with_suffix(".partial.json").read_text())["cpu"] == cpu_facts()
+    assert not out.with_suffix(".partial.json").exists()  # the full record replaced it
+
+
+def test_bench_rows_keeps_the_rounds_done_when_a_later_one_fails(tmp_path):
+    ik = fake_llama_bench(tmp_path / "ik_llama.cpp", None)
+    text = ik.read_text()
+    # the second call (round 2) fails, as a crash or a kill would
+    ik.write_text(text.replace("#!/bin/sh\n", f"#!/bin/sh\necho x >> {tmp_path}/calls\n"
+                               f"[ $(wc -l < {tmp_path}/calls) -gt 1 ] && exit 1\n", 1))
+    model = tmp_path / "target.gguf"
+    model.write_bytes(b"GGUF")
+    out = tmp_path / "rows.json"
+    with pytest.raises(RuntimeError, match="failed"):
+        bench_rows.main(["-m", str(model), "--config", f"ik={ik}", "--rows", "1,2", "--rounds", "2", "--reps", "1",
+                         "--json", str(out)])
+    assert not out.exists()
+    partial = json.loads(out.with_suffix(".partial.json").read_text())
+    assert partial["cpu"] == cpu_facts() and partial["rounds_done"] == 1
+    assert partial["samples_ms"]["ik"]["2"] == [3.0]
 
 
 def test_the_peer_benchmark_prints_the_cpu_and_the_peers_snapshots(tmp_path):
