@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -123,16 +124,26 @@ class Worker:
 
 def summary(pairs: list[dict[str, list[dict]]]) -> dict:
     """Per row spec: the median over pairs of each pair's median per-turn B/A, with their range;
-    each side's median ms per burst over every turn; whether every pass had the same logits."""
+    each side's median ms per burst over every turn; whether every pass had the same logits.
+
+    And by couples of pairs: pair 2k starts A's process first, pair 2k+1 B's, and in the runs of
+    docs/results/kernels sections 28-29 the process started second ran about 5% faster for its
+    pair's life, so per-pair ratios fall in two clusters and their median lands between them.
+    A couple's ratio, the geometric mean of its two pairs' medians, has one of each start order;
+    the median over the couples and their range are reported beside (none for a single pair)."""
     res = {}
     for spec in pairs[0]:
         per_pair = [statistics.median(t["B"]["ms"] / t["A"]["ms"] for t in p[spec]) for p in pairs]
+        per_couple = [math.sqrt(per_pair[i] * per_pair[i + 1]) for i in range(0, len(per_pair) - 1, 2)]
         a = [t["A"]["ms"] for p in pairs for t in p[spec]]
         b = [t["B"]["ms"] for p in pairs for t in p[spec]]
         shas = {t[side]["logits_sha"] for p in pairs for t in p[spec] for side in "AB"}
         res[spec] = {"A_ms": statistics.median(a), "B_ms": statistics.median(b),
                      "B/A": statistics.median(per_pair), "B/A min": min(per_pair), "B/A max": max(per_pair),
                      "B/A per pair": per_pair,
+                     "B/A by couples": statistics.median(per_couple) if per_couple else None,
+                     "B/A couples min": min(per_couple, default=None),
+                     "B/A couples max": max(per_couple, default=None),
                      "logits_equal": len(shas) == 1 and "," not in next(iter(shas))}
     return res
 
@@ -220,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     for spec, row in res.items():
         console.print(f"{spec:>4s} rows  A {row['A_ms']:7.3f} ms  B {row['B_ms']:7.3f} ms  "
                       f"B/A {row['B/A']:.3f} [{row['B/A min']:.3f}-{row['B/A max']:.3f}]  "
+                      + (f"by couples {row['B/A by couples']:.3f} [{row['B/A couples min']:.3f}-"
+                         f"{row['B/A couples max']:.3f}]  " if row["B/A by couples"] is not None else "") +
                       f"logits equal: {row['logits_equal']}")
     result = {"command": command_line(__file__, argv), "lib_a": str(args.a), "lib_b": str(lib_b),
               "target": str(args.target or "bundled tiny target"), "threads": args.threads, "pairs": args.pairs,

@@ -6,7 +6,10 @@ how that pass's time grows with the rows. This runs ``llama-bench -p ROWS -n 0``
 configuration in turn (A, B, C, A, B, C, ...), ``--rounds`` times with ``-r`` repetitions each,
 collects every sample from llama-bench's JSON, and reports per configuration and row count the
 median, min and max ms per pass and the median over the median one-row pass. The statistic
-(median; spread min..max) is fixed here, before any run.
+(median; spread min..max) is fixed here, before any run. Beside it, the statistic the kernel
+judgments declare: per configuration and row count the median over the rounds of each round's
+mean (its min-max), and against one configuration (``--against``, the last by default) the
+ratio of those medians and the range of the rounds' own ratios.
 
 A configuration is ``NAME=BINARY[:LIBDIR][:EXTRA ARGS]``: LIBDIR (optional) is put first on
 LD_LIBRARY_PATH, before BINARY's folder, so one llama-bench binary can run over several builds of
@@ -123,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen", type=int, default=0,
                     help="time token generation instead: llama-bench -p 0 -n GEN, ms per step (--rows ignored)")
     ap.add_argument("--fa", type=int, default=1, help="llama-bench -fa (both builds' default resolves to 1)")
+    ap.add_argument("--against", help="the configuration the round statistic's ratios divide by (default: the last)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path, help="ms per pass and ratio to one row, per configuration")
     ap.add_argument("--replot", type=Path, help="draw --png from a saved --json instead of running")
@@ -140,11 +144,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = ap.parse_args(argv)
     configs = [Config.parse(s) for s in args.config]
+    against = args.against or configs[-1].name
+    if against not in {c.name for c in configs}:
+        ap.error(f"--against: expected one of the configurations' names {[c.name for c in configs]}, found {against!r}")
     libraries = {c.name: c.ggml_cpu() for c in configs}
     for name, lib in libraries.items():
         print(f"{name}: {lib['path']} (sha256 {lib['sha256']})")
     rows = [1] if args.gen else [int(x) for x in args.rows.split(",")]
     samples: dict[str, dict[int, list[float]]] = {c.name: {n: [] for n in rows} for c in configs}
+    round_means: dict[str, dict[int, list[float]]] = {c.name: {n: [] for n in rows} for c in configs}
     t0 = time.time()
     load_avg = [os.getloadavg()]
     builds: dict[str, str | None] = {}
@@ -153,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             per_rows, builds[c.name] = run_once(c, args.model, rows, args.threads, args.reps, args.fa, args.gen)
             for n, v in per_rows.items():
                 samples[c.name][n].extend(v)
+                round_means[c.name][n].append(statistics.fmean(v))
         load_avg.append(os.getloadavg())
         if args.json:  # the samples so far, in case a later round is cut off
             write_json(args.json.with_suffix(".partial.json"),
@@ -173,6 +182,18 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f" ({e['x_one_row']:.2f})" if e["x_one_row"] and n > 1 else ""
             cells.append(f"{e['median_ms']:.2f}{ratio} [{e['min_ms']:.2f}-{e['max_ms']:.2f}]")
         print(f"| {n} | " + " | ".join(cells) + " |")
+    by_round = round_statistic(round_means, against)
+    print(f"\nthe median over rounds of each round's mean, ms [rounds' min-max]; x {against}'s [rounds' ratios]")
+    print("| rows | " + " | ".join(c.name for c in configs) + " |")
+    print("|---|" + "---|" * len(configs))
+    for n in rows:
+        cells = []
+        for c in configs:
+            e = by_round[c.name][n]
+            ratio = (f" ({e['x_against']:.3f} [{e['x_against_min']:.2f}-{e['x_against_max']:.2f}])"
+                     if c.name != against else "")
+            cells.append(f"{e['median_ms']:.2f} [{e['min_ms']:.2f}-{e['max_ms']:.2f}]{ratio}")
+        print(f"| {n} | " + " | ".join(cells) + " |")
     if args.json:
         write_json(args.json, {"command": command_line(__file__, argv), "model": str(args.model),
                                "threads": args.threads, "gen": args.gen, "fa": args.fa,
@@ -180,12 +201,29 @@ def main(argv: list[str] | None = None) -> int:
                                "configs": [c.__dict__ for c in configs], "libggml_cpu": libraries,
                                "build_commit": builds,
                                "peer_snapshot": {c.name: peer_snapshot(Path(c.binary).parent) for c in configs},
-                               "table": table,
-                               "samples_ms": samples}, indent=1)
+                               "table": table, "against": against, "round_table": by_round,
+                               "round_means_ms": round_means, "samples_ms": samples}, indent=1)
         args.json.with_suffix(".partial.json").unlink(missing_ok=True)  # the full record replaces it
     if args.png:
         plot(args.png, configs, rows, table, args.threads)
     return 0
+
+
+def round_statistic(round_means: dict[str, dict[int, list[float]]], against: str) -> dict:
+    """Per configuration and row count: the median of the rounds' means and their min-max; and
+    the ratio of that median to AGAINST's, with the range of the rounds' own ratios (round i of
+    each configuration ran within the same round of the interleaving)."""
+    out = {}
+    for name, per_rows in round_means.items():
+        out[name] = {}
+        for n, means in per_rows.items():
+            base = round_means[against][n]
+            ratios = [m / b for m, b in zip(means, base)]
+            out[name][n] = {"median_ms": statistics.median(means), "min_ms": min(means), "max_ms": max(means),
+                            "rounds": len(means),
+                            "x_against": statistics.median(means) / statistics.median(base),
+                            "x_against_min": min(ratios), "x_against_max": max(ratios)}
+    return out
 
 
 def plot(path: Path, configs: list[Config], rows: list[int], table: dict, threads: int) -> None:

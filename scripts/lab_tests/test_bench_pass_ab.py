@@ -57,6 +57,21 @@ def test_the_summary_is_the_median_over_pairs_of_each_pairs_median_ratio():
     assert not bench_pass_ab.summary(pairs)["2"]["logits_equal"]
 
 
+def test_couples_of_pairs_take_one_of_each_start_order():
+    # even pairs (A started first) 0.9, odd pairs 1.0: over five pairs the median is one
+    # cluster's; each couple's geometric mean is sqrt(0.9) whatever the count
+    pairs = [{"2": [turn(1.0, r)]} for r in (0.9, 1.0, 0.9, 1.0, 0.9)]
+    row = bench_pass_ab.summary(pairs)["2"]
+    assert row["B/A"] == pytest.approx(0.9)  # five pairs: three of one cluster
+    assert row["B/A by couples"] == pytest.approx(0.9 ** 0.5)  # the fifth pair has no partner
+    assert (row["B/A couples min"], row["B/A couples max"]) == pytest.approx((0.9 ** 0.5, 0.9 ** 0.5))
+    pairs = [{"2": [turn(1.0, r)]} for r in (0.8, 1.0, 0.9, 0.9, 1.0, 1.1)]
+    row = bench_pass_ab.summary(pairs)["2"]
+    assert [row["B/A couples min"], row["B/A by couples"], row["B/A couples max"]] == pytest.approx(
+        [0.8 ** 0.5, 0.9, (1.0 * 1.1) ** 0.5])
+    assert bench_pass_ab.summary(pairs[:1])["2"]["B/A by couples"] is None
+
+
 def test_one_library_against_itself_has_the_same_logits(tmp_path):
     lib = installed_lib_dir()
     if not (lib / "libllama.so").is_file():

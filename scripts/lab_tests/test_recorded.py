@@ -126,6 +126,34 @@ def test_bench_rows_keeps_the_rounds_done_when_a_later_one_fails(tmp_path):
     assert partial["samples_ms"]["ik"]["2"] == [3.0]
 
 
+def test_bench_rows_reports_the_median_of_round_means_against_a_configuration(tmp_path, capsys):
+    """Round k of ours gives samples k, k and 10k ms (mean 4k: 4, 8, 12 over three rounds; the
+    median of all nine samples is 3 ms, of the round means 8); ik gives 2 ms each time."""
+    ours = tmp_path / "ours" / "llama-bench"
+    ours.parent.mkdir()
+    ours.write_text(f"#!/bin/sh\necho x >> {tmp_path}/calls\nk=$(wc -l < {tmp_path}/calls)\n"
+                    "echo \"[{\\\"n_prompt\\\": 1, \\\"samples_ns\\\": [$((k*1000000)), $((k*1000000)), $((k*10000000))]}]\"\n")
+    ours.chmod(ours.stat().st_mode | stat.S_IXUSR)
+    ik = tmp_path / "ik" / "llama-bench"
+    ik.parent.mkdir()
+    ik.write_text("#!/bin/sh\necho '[{\"n_prompt\": 1, \"samples_ns\": [2000000, 2000000, 2000000]}]'\n")
+    ik.chmod(ik.stat().st_mode | stat.S_IXUSR)
+    model = tmp_path / "target.gguf"
+    model.write_bytes(b"GGUF")
+    out = tmp_path / "rows.json"
+    assert bench_rows.main(["-m", str(model), "--config", f"ours={ours}", "--config", f"ik={ik}", "--rows", "1",
+                            "--rounds", "3", "--reps", "3", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["table"]["ours"]["1"]["median_ms"] == 3.0
+    assert result["round_means_ms"]["ours"]["1"] == [4.0, 8.0, 12.0]
+    assert result["against"] == "ik"
+    assert result["round_table"]["ours"]["1"] == {"median_ms": 8.0, "min_ms": 4.0, "max_ms": 12.0, "rounds": 3,
+                                                  "x_against": 4.0, "x_against_min": 2.0, "x_against_max": 6.0}
+    assert "| 1 | 8.00 [4.00-12.00] (4.000 [2.00-6.00]) | 2.00 [2.00-2.00] |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_rows.main(["-m", str(model), "--config", f"ours={ours}", "--against", "nobody", "--rows", "1"])
+
+
 def test_the_peer_benchmark_prints_the_cpu_and_the_peers_snapshots(tmp_path):
     cpu = cpu_facts()
     ik_bin = tmp_path / "ik" / "build" / "bin"
