@@ -173,27 +173,22 @@ def main(argv: list[str] | None = None) -> int:
         table[c.name] = {n: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v),
                              "n": len(v), "x_one_row": statistics.median(v) / base if base else None}
                          for n, v in samples[c.name].items()}
-    print("| rows | " + " | ".join(c.name for c in configs) + " |")
-    print("|---|" + "---|" * len(configs))
-    for n in rows:
-        cells = []
-        for c in configs:
-            e = table[c.name][n]
-            ratio = f" ({e['x_one_row']:.2f})" if e["x_one_row"] and n > 1 else ""
-            cells.append(f"{e['median_ms']:.2f}{ratio} [{e['min_ms']:.2f}-{e['max_ms']:.2f}]")
-        print(f"| {n} | " + " | ".join(cells) + " |")
+    def by_sample(name: str, n: int) -> str:
+        e = table[name][n]
+        ratio = f" ({e['x_one_row']:.2f})" if e["x_one_row"] and n > 1 else ""
+        return f"{e['median_ms']:.2f}{ratio} [{e['min_ms']:.2f}-{e['max_ms']:.2f}]"
+
     by_round = round_statistic(round_means, against)
+
+    def by_round_mean(name: str, n: int) -> str:
+        e = by_round[name][n]
+        ratio = (f" ({e['x_against']:.3f} [{e['x_against_min']:.2f}-{e['x_against_max']:.2f}])"
+                 if name != against else "")
+        return f"{e['median_ms']:.2f} [{e['min_ms']:.2f}-{e['max_ms']:.2f}]{ratio}"
+
+    print_table(configs, rows, by_sample)
     print(f"\nthe median over rounds of each round's mean, ms [rounds' min-max]; x {against}'s [rounds' ratios]")
-    print("| rows | " + " | ".join(c.name for c in configs) + " |")
-    print("|---|" + "---|" * len(configs))
-    for n in rows:
-        cells = []
-        for c in configs:
-            e = by_round[c.name][n]
-            ratio = (f" ({e['x_against']:.3f} [{e['x_against_min']:.2f}-{e['x_against_max']:.2f}])"
-                     if c.name != against else "")
-            cells.append(f"{e['median_ms']:.2f} [{e['min_ms']:.2f}-{e['max_ms']:.2f}]{ratio}")
-        print(f"| {n} | " + " | ".join(cells) + " |")
+    print_table(configs, rows, by_round_mean)
     if args.json:
         write_json(args.json, {"command": command_line(__file__, argv), "model": str(args.model),
                                "threads": args.threads, "gen": args.gen, "fa": args.fa,
@@ -207,6 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.png:
         plot(args.png, configs, rows, table, args.threads)
     return 0
+
+
+def print_table(configs: list[Config], rows: list[int], cell) -> None:
+    """A markdown table: a line per row count, a column per configuration, ``cell(name, rows)``."""
+    print("| rows | " + " | ".join(c.name for c in configs) + " |")
+    print("|---|" + "---|" * len(configs))
+    for n in rows:
+        print(f"| {n} | " + " | ".join(cell(c.name, n) for c in configs) + " |")
 
 
 def round_statistic(round_means: dict[str, dict[int, list[float]]], against: str) -> dict:
