@@ -23,7 +23,9 @@ Per pair and row spec, after ``--warmup`` untimed turns, the median of the per-t
 B/A (a turn's two bursts run milliseconds apart and share the machine's pace); per row spec,
 the median over the pairs of those medians, their range, each side's median ms a cycle (a pass,
 for a single row count), and whether every pass of both builds had the same logits bits.
-Statistic fixed here, before any run.
+Statistic fixed here, before any run. Beside it, since the start order of a pair's processes
+was found to move a pass about 5% (docs/results/kernels, section 29): the median over couples
+of consecutive pairs, one of each start order, of the geometric mean of their two medians.
 
     python -m scripts.bench.bench_pass_ab --a ~/lib-before --rows 1,2,5,20,1:5 --pairs 12 --json ab.json --png ab.png
 """
