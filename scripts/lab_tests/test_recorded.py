@@ -76,25 +76,35 @@ def test_every_measuring_script_writes_its_json_through_write_json():
     assert silent == []
 
 
-def fake_llama_bench(root: Path, commit: str | None) -> Path:
-    """A llama-bench in ROOT/build/bin that answers -o json with one sample per row count, as
-    build_peer.sh lays a peer out (ROOT/.complete holding its commit)."""
+#: llama-bench -o json's answer: one sample per row count
+ONE_SAMPLE_A_ROW_COUNT = ("echo '[{\"n_prompt\": 1, \"samples_ns\": [2000000], \"build_commit\": \"c0ffee\"},"
+                          " {\"n_prompt\": 2, \"samples_ns\": [3000000], \"build_commit\": \"c0ffee\"}]'\n")
+
+
+def fake_llama_bench(root: Path, commit: str | None, script: str = ONE_SAMPLE_A_ROW_COUNT) -> Path:
+    """A llama-bench in ROOT/build/bin running SCRIPT (sh), as build_peer.sh lays a peer out
+    (ROOT/.complete holding its commit)."""
     bin_dir = root / "build" / "bin"
     bin_dir.mkdir(parents=True)
     binary = bin_dir / "llama-bench"
-    binary.write_text("#!/bin/sh\necho '[{\"n_prompt\": 1, \"samples_ns\": [2000000], \"build_commit\": \"c0ffee\"},"
-                      " {\"n_prompt\": 2, \"samples_ns\": [3000000], \"build_commit\": \"c0ffee\"}]'\n")
+    binary.write_text("#!/bin/sh\n" + script)
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     if commit:
         (root / ".complete").write_text(commit + "\n")
     return binary
 
 
-def test_bench_rows_records_the_cpu_and_each_builds_snapshot(tmp_path):
+@pytest.fixture()
+def model(tmp_path: Path) -> Path:
+    """A target file for llama-bench's -m: the fakes never read it."""
+    path = tmp_path / "target.gguf"
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def test_bench_rows_records_the_cpu_and_each_builds_snapshot(tmp_path, model):
     ik = fake_llama_bench(tmp_path / "ik_llama.cpp", "0123456789abcdef0123456789abcdef01234567")
     mine = fake_llama_bench(tmp_path / "elsewhere", None)
-    model = tmp_path / "target.gguf"
-    model.write_bytes(b"GGUF")
     out = tmp_path / "rows.json"
     assert bench_rows.main(["-m", str(model), "--config", f"ik={ik}", "--config", f"ours={mine}", "--rows", "1,2",
                             "--rounds", "1", "--reps", "1", "--json", str(out)]) == 0
@@ -108,14 +118,10 @@ def test_bench_rows_records_the_cpu_and_each_builds_snapshot(tmp_path):
     assert not out.with_suffix(".partial.json").exists()  # the full record replaced it
 
 
-def test_bench_rows_keeps_the_rounds_done_when_a_later_one_fails(tmp_path):
-    ik = fake_llama_bench(tmp_path / "ik_llama.cpp", None)
-    text = ik.read_text()
+def test_bench_rows_keeps_the_rounds_done_when_a_later_one_fails(tmp_path, model):
     # the second call (round 2) fails, as a crash or a kill would
-    ik.write_text(text.replace("#!/bin/sh\n", f"#!/bin/sh\necho x >> {tmp_path}/calls\n"
-                               f"[ $(wc -l < {tmp_path}/calls) -gt 1 ] && exit 1\n", 1))
-    model = tmp_path / "target.gguf"
-    model.write_bytes(b"GGUF")
+    ik = fake_llama_bench(tmp_path / "ik_llama.cpp", None, f"echo x >> {tmp_path}/calls\n"
+                          f"[ $(wc -l < {tmp_path}/calls) -gt 1 ] && exit 1\n" + ONE_SAMPLE_A_ROW_COUNT)
     out = tmp_path / "rows.json"
     with pytest.raises(RuntimeError, match="failed"):
         bench_rows.main(["-m", str(model), "--config", f"ik={ik}", "--rows", "1,2", "--rounds", "2", "--reps", "1",
@@ -126,20 +132,13 @@ def test_bench_rows_keeps_the_rounds_done_when_a_later_one_fails(tmp_path):
     assert partial["samples_ms"]["ik"]["2"] == [3.0]
 
 
-def test_bench_rows_reports_the_median_of_round_means_against_a_configuration(tmp_path, capsys):
+def test_bench_rows_reports_the_median_of_round_means_against_a_configuration(tmp_path, model, capsys):
     """Round k of ours gives samples k, k and 10k ms (mean 4k: 4, 8, 12 over three rounds; the
     median of all nine samples is 3 ms, of the round means 8); ik gives 2 ms each time."""
-    ours = tmp_path / "ours" / "llama-bench"
-    ours.parent.mkdir()
-    ours.write_text(f"#!/bin/sh\necho x >> {tmp_path}/calls\nk=$(wc -l < {tmp_path}/calls)\n"
-                    "echo \"[{\\\"n_prompt\\\": 1, \\\"samples_ns\\\": [$((k*1000000)), $((k*1000000)), $((k*10000000))]}]\"\n")
-    ours.chmod(ours.stat().st_mode | stat.S_IXUSR)
-    ik = tmp_path / "ik" / "llama-bench"
-    ik.parent.mkdir()
-    ik.write_text("#!/bin/sh\necho '[{\"n_prompt\": 1, \"samples_ns\": [2000000, 2000000, 2000000]}]'\n")
-    ik.chmod(ik.stat().st_mode | stat.S_IXUSR)
-    model = tmp_path / "target.gguf"
-    model.write_bytes(b"GGUF")
+    ours = fake_llama_bench(tmp_path / "ours", None, f"echo x >> {tmp_path}/calls\nk=$(wc -l < {tmp_path}/calls)\n"
+                            "echo \"[{\\\"n_prompt\\\": 1, \\\"samples_ns\\\": [$((k*1000000)), $((k*1000000)), "
+                            "$((k*10000000))]}]\"\n")
+    ik = fake_llama_bench(tmp_path / "ik", None, "echo '[{\"n_prompt\": 1, \"samples_ns\": [2000000, 2000000, 2000000]}]'\n")
     out = tmp_path / "rows.json"
     assert bench_rows.main(["-m", str(model), "--config", f"ours={ours}", "--config", f"ik={ik}", "--rows", "1",
                             "--rounds", "3", "--reps", "3", "--json", str(out)]) == 0
