@@ -34,6 +34,7 @@ from scripts.recorded import REPO, command_line, write_json
 
 DIFF = Path(__file__).with_name("op_waits.diff")
 PRODUCTS = ("MUL_MAT", "MUL_MAT_ID")
+LONGEST_NODES = 16  # the nodes of longest span each run records
 
 
 def patched_tree() -> Path:
@@ -75,13 +76,22 @@ def kind(row: dict) -> str:
 
 def summarise(tsc_hz: float, rows: list[dict], threads: int) -> dict:
     """Per kind, ms per graph: each thread's compute and wait, the uneven share (the larger
-    compute less the smaller) and the span (the mean over threads of compute plus wait)."""
+    compute less the smaller) and the span (the mean over threads of compute plus wait); and the
+    nodes of longest span. The last node meets the graph's closing barrier, outside the timed
+    loop: its threads' waits are taken as what each lacks of the slower one's compute."""
     n_graphs = int(rows[0]["graphs"])
     scale = 1e3 / tsc_hz / n_graphs
+    last = max(int(r["node"]) for r in rows)
     kinds: dict[str, dict] = defaultdict(lambda: defaultdict(float))
+    nodes = []
     for r in rows:
         comp = [int(r[f"comp{i}"]) * scale for i in range(min(threads, 2))]
         wait = [int(r[f"wait{i}"]) * scale for i in range(min(threads, 2))]
+        if int(r["node"]) == last:
+            wait = [max(comp) - c for c in comp]
+        nodes.append({"node": int(r["node"]), "name": r["name"], "kind": kind(r), "rows": int(r["ne1"]),
+                      "compute": [round(c, 4) for c in comp], "wait": [round(w, 4) for w in wait],
+                      "span": round(comp[0] + wait[0], 4)})
         k = kinds[kind(r)]
         k["nodes"] += 1
         for i, (c, w) in enumerate(zip(comp, wait)):
@@ -90,7 +100,8 @@ def summarise(tsc_hz: float, rows: list[dict], threads: int) -> dict:
         k["uneven"] += max(comp) - min(comp)
         k["span"] += sum(c + w for c, w in zip(comp, wait)) / len(comp)
     out = {name: {key: round(v, 4) for key, v in k.items()} for name, k in kinds.items()}
-    return {"graphs": n_graphs, "nodes": len(rows), "kinds": dict(sorted(out.items(), key=lambda kv: -kv[1]["span"]))}
+    return {"graphs": n_graphs, "nodes": len(rows), "kinds": dict(sorted(out.items(), key=lambda kv: -kv[1]["span"])),
+            "longest_nodes": sorted(nodes, key=lambda n: -n["span"])[:LONGEST_NODES]}
 
 
 def run(bench: Path, model: Path, threads: int, args: list[str], trace: Path) -> dict:
@@ -129,13 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen", type=int, default=64, help="decode steps per repetition (llama-bench -p 0 -n GEN)")
     ap.add_argument("--reps", type=int, default=3, help="llama-bench -r")
     ap.add_argument("--runs", type=int, default=2, help="runs per thread count, taking turns")
+    ap.add_argument("--tree", type=Path, help="the patched llama.cpp to instrument (default: the installed series')")
     ap.add_argument("--build-dir", type=Path, default=Path.home() / ".cache/laguna-dflash/op-waits",
                     help="where the instrumented build lives (a folder per source key)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     if not a.model.is_file():
         ap.error(f"--model {a.model}: expected a GGUF file, found none")
-    tree = patched_tree()
+    tree = a.tree or patched_tree()
+    if not (tree / "ggml/src/ggml-cpu/ggml-cpu.c").is_file():
+        ap.error(f"--tree {tree}: expected a llama.cpp source tree, found no ggml/src/ggml-cpu/ggml-cpu.c")
     key = tree.parents[1].parent.name
     bench = build(tree, a.build_dir / key)
     bench_args = ["-p", "0", "-n", str(a.gen), "-r", str(a.reps)]

@@ -33,7 +33,19 @@ def test_the_busiest_graph_is_summarised_per_kind(tmp_path):
     head = kinds["MUL_MAT q6_K"]
     assert head["compute_0"] == pytest.approx(4.0) and head["compute_1"] == pytest.approx(3.0)
     assert head["uneven"] == pytest.approx(1.0) and head["span"] == pytest.approx(4.0)
+    # the last node (ADD) meets the closing barrier, untimed: the quicker thread waits for the other
     assert kinds["ADD"]["uneven"] == pytest.approx(0.5) and kinds["ADD"]["wait_1"] == pytest.approx(0.5)
+    assert kinds["ADD"]["wait_0"] == 0 and kinds["ADD"]["span"] == pytest.approx(0.5)
+    assert [n["name"] for n in result["longest_nodes"]] == ["result_output", "ffn_up-0", "ffn_out-0"]
+
+
+def test_the_last_nodes_wait_is_the_slower_threads_compute(tmp_path):
+    # the head is last: thread 0 done in 4 ms, thread 1 in 6; the timed loop saw no wait after it
+    path = trace(tmp_path, ["0\t1\t2\t0\tMUL_MAT\tq6_K\t1\tresult_output\t8000000\t12000000\t0\t0"])
+    tsc_hz, rows = op_waits.read_trace(path)
+    head = op_waits.summarise(tsc_hz, rows, threads=2)["kinds"]["MUL_MAT q6_K"]
+    assert head["wait_0"] == pytest.approx(2.0) and head["wait_1"] == 0
+    assert head["span"] == pytest.approx(6.0)
 
 
 def test_coverage_is_one_threads_compute_over_the_span():
