@@ -175,6 +175,23 @@ def test_q4_K_passes_of_any_size_compute_each_row_as_alone_where_the_runtime_lif
         assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
 
 
+#: the XS head's input width into 16,384 outputs: 27.5 MB of Q6_K, past the 8 MiB a thread from
+#: which a product of up to 16 rows on several threads goes in chunks the threads claim (patch 0046)
+LARGE = kw.WeightShape("head-q6_K-2048x16384", "q6_K", 2048, 16384)
+
+
+def test_a_large_product_on_two_threads_gives_one_threads_bits():
+    """Two threads claim the chunks (one row: counted per barrier generation; 2-16 rows: ggml's
+    counter), one thread computes it whole: the same bits, graph after graph."""
+    one = kw.Product(kw.Backend(n_threads=1), LARGE, seed=5)
+    two = kw.Product(kw.Backend(n_threads=2), LARGE, seed=5)
+    for rows in (1, 1, 2, 1, 5, 16, 1):  # one-row products between others: each starts its count afresh
+        x, _ = one.inputs(rows, seed=10 + rows)
+        want, _ = one.run(x, None)
+        got, _ = two.run(x, None)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{rows} rows"
+
+
 def test_the_q4_K_q6_K_and_q8_0_weights_are_repacked(backend):
     """The Q4_K, Q6_K and Q8_0 cases above test the repacked kernels only if the weights go to CPU_REPACK."""
     assert backend.repack_buft is not None
