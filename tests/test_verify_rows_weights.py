@@ -176,13 +176,13 @@ def test_q4_K_passes_of_any_size_compute_each_row_as_alone_where_the_runtime_lif
 
 
 #: the XS head's input width into 16,384 outputs: 27.5 MB of Q6_K, past the 8 MiB a thread from
-#: which a product of up to 16 rows on several threads goes in chunks the threads claim (patch 0046)
+#: which a one-row product on several threads goes in chunks the threads claim (patch 0047)
 LARGE = kw.WeightShape("head-q6_K-2048x16384", "q6_K", 2048, 16384)
 
 
 def test_a_large_product_on_two_threads_gives_one_threads_bits():
-    """Two threads claim the chunks (one row: counted per barrier generation; 2-16 rows: ggml's
-    counter), one thread computes it whole: the same bits, graph after graph."""
+    """Two threads claim a one-row product's chunks (counted per barrier generation) or share ggml's
+    chunks of a few rows, one thread computes it whole: the same bits, graph after graph."""
     one = kw.Product(kw.Backend(n_threads=1), LARGE, seed=5)
     two = kw.Product(kw.Backend(n_threads=2), LARGE, seed=5)
     for rows in (1, 1, 2, 1, 5, 16, 1):  # one-row products between others: each starts its count afresh
