@@ -57,3 +57,8 @@ def test_coverage_is_one_threads_compute_over_the_span():
 def test_a_missing_model_is_one_line_and_exit_2(capsys, tmp_path):
     line = refusal(capsys, op_waits.main, "-m", str(tmp_path / "none.gguf"))
     assert "expected a GGUF file" in line
+
+
+def test_more_than_two_threads_is_refused_in_one_line(capsys, tmp_path):
+    line = refusal(capsys, op_waits.main, "-m", str(tmp_path / "none.gguf"), "--threads", "1,4")
+    assert "integers in 1..2" in line
