@@ -14,8 +14,9 @@ waited, and how well the threads' time covered the single thread's.
     python -m scripts.investigate.op_waits -m target.gguf --threads 1,2 --gen 64 --json op-waits.json
 
 Only the graph seen most often is summarised (with `-p 0 -n N`, the one-row decode step). The
-build is the wheel's (`-DGGML_OPENMP=OFF`, native), so the instrumented library is this
-project's kernels plus the timestamps (two `rdtsc` per operation and thread).
+build takes the CPU wheel's flags (`build_flags`: ggml's own thread pool, native), so the
+instrumented library is this project's kernels plus the timestamps (two `rdtsc` per operation
+and thread).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from laguna_dflash.runtime.setup import wheel as bw
 from scripts.arguments import int_list
-from scripts.recorded import REPO, command_line, write_json
+from scripts.recorded import command_line, write_json
 
 DIFF = Path(__file__).with_name("op_waits.diff")
 PRODUCTS = ("MUL_MAT", "MUL_MAT_ID")
@@ -38,9 +40,7 @@ LONGEST_NODES = 16  # the nodes of longest span each run records
 
 
 def patched_tree() -> Path:
-    out = subprocess.run([str(REPO / ".venv/bin/python"), str(REPO / "scripts/build_wheel.py"), "--source-dir"],
-                         check=True, capture_output=True, text=True)
-    return Path(out.stdout.strip()) / "vendor" / "llama.cpp"
+    return bw.source_tree() / "vendor" / "llama.cpp"
 
 
 def build(tree: Path, folder: Path) -> Path:
@@ -52,8 +52,9 @@ def build(tree: Path, folder: Path) -> Path:
     if not src.exists():
         shutil.copytree(tree, src, symlinks=True)
         subprocess.run(["patch", "-p1", "-d", str(src), "-i", str(DIFF)], check=True)
+    # the CPU wheel's flags, and the tools
     subprocess.run(["cmake", "-S", str(src), "-B", str(folder / "build"), "-DCMAKE_BUILD_TYPE=Release",
-                    "-DGGML_OPENMP=OFF", "-DGGML_RPC=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+                    *bw.build_flags(False, bw.DEFAULT_CUDA_ARCH),
                     "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_CURL=OFF"], check=True)
     subprocess.run(["cmake", "--build", str(folder / "build"), "-j", str(os.cpu_count() or 2),
                     "--target", "llama-bench"], check=True)
