@@ -175,18 +175,27 @@ def test_q4_K_passes_of_any_size_compute_each_row_as_alone_where_the_runtime_lif
         assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
 
 
-#: the XS head's input width into 16,384 outputs: 27.5 MB of Q6_K, past the 8 MiB a thread from
-#: which a one-row product on several threads goes in chunks the threads claim (patch 0047)
-LARGE = kw.WeightShape("head-q6_K-2048x16384", "q6_K", 2048, 16384)
+#: one-row products whose share a thread is at least 512 KiB go in chunks the threads claim
+#: (patch 0049): the XS head's input width into 16,384 outputs (27.5 MB of Q6_K, 1 MiB chunks) and
+#: dense products of 2.2-2.4 MB (128 KiB chunks); the K and V projections' 0.6 MB keep fixed shares
+CLAIMED = [
+    kw.WeightShape("head-q6_K-2048x16384", "q6_K", 2048, 16384),
+    kw.WeightShape("dense-q4_K-2048x2048", "q4_K", 2048, 2048),
+    kw.WeightShape("dense-q8_0-2048x1024", "q8_0", 2048, 1024),
+    kw.WeightShape("kv-q4_K-2048x512", "q4_K", 2048, 512),
+]
 
 
-def test_a_large_product_on_two_threads_gives_one_threads_bits():
-    """Two threads claim a one-row product's chunks (counted per barrier generation) or share ggml's
-    chunks of a few rows, one thread computes it whole: the same bits, graph after graph."""
-    one = kw.Product(kw.Backend(n_threads=1), LARGE, seed=5)
-    two = kw.Product(kw.Backend(n_threads=2), LARGE, seed=5)
-    for rows in (1, 1, 2, 1, 5, 16, 1):  # one-row products between others: each starts its count afresh
-        x, _ = one.inputs(rows, seed=10 + rows)
+@pytest.mark.parametrize("shape", CLAIMED, ids=lambda s: s.name)
+def test_a_one_row_product_on_two_threads_gives_one_threads_bits(shape):
+    """Two threads claim a one-row product's chunks (counted per share and barrier generation) or
+    share ggml's chunks of a few rows, one thread computes it whole: the same bits, graph after graph."""
+    one = kw.Product(kw.Backend(n_threads=1), shape, seed=5)
+    two = kw.Product(kw.Backend(n_threads=2), shape, seed=5)
+    # one-row products after others, each on new inputs (a count not started afresh would leave the
+    # last graph's outputs in place)
+    for i, rows in enumerate((1, 1, 2, 1, 5, 16, 1)):
+        x, _ = one.inputs(rows, seed=10 + i)
         want, _ = one.run(x, None)
         got, _ = two.run(x, None)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{rows} rows"
