@@ -24,7 +24,7 @@ _MAX_THREADS = 512
 POLL = 1
 
 
-class _Params(ctypes.Structure):
+class PoolParams(ctypes.Structure):
     # struct ggml_threadpool_params (ggml.h)
     _fields_ = [("cpumask", ctypes.c_bool * _MAX_THREADS), ("n_threads", ctypes.c_int), ("prio", ctypes.c_int),
                 ("poll", ctypes.c_uint32), ("strict_cpu", ctypes.c_bool), ("paused", ctypes.c_bool)]
@@ -39,7 +39,7 @@ def _cpu_backend() -> ctypes.CDLL | None:
         lib.ggml_threadpool_new  # noqa: B018 (a missing symbol raises here)
     except (OSError, AttributeError):
         return None
-    lib.ggml_threadpool_new.argtypes = [ctypes.POINTER(_Params)]
+    lib.ggml_threadpool_new.argtypes = [ctypes.POINTER(PoolParams)]
     lib.ggml_threadpool_new.restype = ctypes.c_void_p
     lib.ggml_threadpool_free.argtypes = [ctypes.c_void_p]
     lib.ggml_threadpool_free.restype = None
@@ -51,7 +51,7 @@ class ThreadPool:
     using the pool is closed."""
 
     def __init__(self, n_threads: int) -> None:
-        params = _Params(n_threads=n_threads, prio=0, poll=POLL, strict_cpu=False, paused=False)
+        params = PoolParams(n_threads=n_threads, prio=0, poll=POLL, strict_cpu=False, paused=False)
         self.n_threads = n_threads
         backend = _cpu_backend()
         self.ptr = backend.ggml_threadpool_new(ctypes.byref(params)) if backend else None

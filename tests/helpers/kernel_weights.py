@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from laguna_dflash.runtime.threadpool import POLL, PoolParams
+
 from .kernel_rows import _InitParams, _lib_dir
 
 TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_K": 12, "q6_K": 14}
@@ -27,7 +29,10 @@ REPACKED_X86 = {"q4_K", "q6_K", "q8_0"}
 class Backend:
     """The CPU backend and the ggml calls a weight matmul needs (ctypes over the wheel's libraries)."""
 
-    def __init__(self, n_threads: int = 1) -> None:
+    def __init__(self, n_threads: int = 1, own_pool: bool = False) -> None:
+        """``own_pool``: the graphs run on one ggml thread pool kept for the backend's life, as
+        the runtime's contexts do (runtime/threadpool.py); without it ggml makes a fresh pool, and
+        fresh counts, for every graph."""
         import llama_cpp.llama_cpp  # noqa: F401  (loads the libraries with their dependencies)
 
         d = _lib_dir()
@@ -58,10 +63,18 @@ class Backend:
             (base, "ggml_backend_get_default_buffer_type"): ([p], p),
             (cpu, "ggml_backend_cpu_init"): ([], p),
             (cpu, "ggml_backend_cpu_set_n_threads"): ([p, ctypes.c_int], None),
+            (cpu, "ggml_backend_cpu_set_threadpool"): ([p, p], None),
+            (cpu, "ggml_threadpool_new"): ([ctypes.POINTER(PoolParams)], p),
+            (cpu, "ggml_threadpool_free"): ([p], None),
         }
         self.bind(sigs)
         self.backend = self.ggml_backend_cpu_init()
         self.ggml_backend_cpu_set_n_threads(self.backend, n_threads)
+        self.pool = None
+        if own_pool:
+            params = PoolParams(n_threads=n_threads, prio=0, poll=POLL, strict_cpu=False, paused=False)
+            self.pool = self.ggml_threadpool_new(ctypes.byref(params))
+            self.ggml_backend_cpu_set_threadpool(self.backend, self.pool)
         self.cpu_buft = self.ggml_backend_get_default_buffer_type(self.backend)
         dev = self.ggml_backend_get_device(self.backend)
         reg = self.ggml_backend_dev_backend_reg(dev)
@@ -152,7 +165,9 @@ class Product:
 
     def run(self, x: np.ndarray, ids: np.ndarray | None, reps: int = 1) -> tuple[np.ndarray, list[float]]:
         """Compute the product for the rows of ``x``; returns the output (rows x [n_used x] n_out)
-        and the CPU seconds of each of ``reps`` computations of the same graph."""
+        and the CPU seconds of each of ``reps`` computations of the same graph. The output starts
+        as NaN: a new buffer often lands on the memory of the last one freed, whose outputs an
+        output left unwritten would otherwise show."""
         be, s = self.be, self.shape
         rows = x.shape[0]
         ctx = be.ggml_init(_InitParams(1 << 20, None, True))
@@ -174,6 +189,8 @@ class Product:
                 be.ggml_backend_tensor_set(b, x.ctypes.data, 0, x.nbytes)
                 if s.n_expert:
                     be.ggml_backend_tensor_set(idt, ids.ctypes.data, 0, ids.nbytes)
+                unwritten = np.full(out_shape, np.nan, np.float32)
+                be.ggml_backend_tensor_set(out, unwritten.ctypes.data, 0, unwritten.nbytes)
                 times = []
                 for _ in range(reps):
                     c0 = time.process_time()
