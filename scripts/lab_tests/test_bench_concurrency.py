@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from laguna_dflash.runtime import assets
 from scripts.bench import bench_concurrency
 from scripts.lab_tests import refusals
@@ -47,3 +49,25 @@ def test_a_plain_run_judges_the_plain_line_and_records_the_load(tmp_path):
     assert result["outputs"]["batched c4 d0"] == {"equal_to_batched_alone": "4/4", "equal_to_separate_alone": "4/4"}
     load = result["load_average"]
     assert len(load["before"]) == 3 and len(load["after_each_repetition"]) == 2
+
+
+def test_rotate_starts_each_repetition_one_cell_further_and_auto_is_also_paired_within_repetitions(tmp_path):
+    out = tmp_path / "r.json"
+    assert bench_concurrency.main(["--depths", "0,2,auto", "--streams", "1", "--requests", "2", "--n-predict", "4",
+                                   "--prompt-tokens", "8", "--repeats", "4", "--threads", "1", "--rotate",
+                                   "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    first = ["batched c1 d0", "separate c1 d0", "batched c1 d2", "separate c1 d2", "batched c1 dauto", "separate c1 dauto"]
+    orders = result["cell_order_per_repetition"]
+    assert orders[0] == first and orders[1] == first[1:] + first[:1] and orders[3] == first[3:] + first[:3]
+    auto = result["auto_vs_best_fixed"]["1"]
+    best = result["aggregate_per_repetition"][f"batched c1 d{auto['best_fixed']}"]
+    within = [a / b for a, b in zip(result["aggregate_per_repetition"]["batched c1 dauto"], best)]
+    assert auto["per_repetition_ratios"] == within
+    assert auto["median_of_per_repetition_ratios"] == pytest.approx((sorted(within)[1] + sorted(within)[2]) / 2)
+
+
+def test_without_rotate_every_repetition_runs_the_cells_in_one_order():
+    cells = [("batched", 1, 0), ("batched", 4, 0), ("separate", 1, 0)]
+    assert [bench_concurrency.repetition_order(cells, r, False) for r in range(3)] == [cells] * 3
+    assert bench_concurrency.repetition_order(cells, 4, True) == cells[1:] + cells[:1]
