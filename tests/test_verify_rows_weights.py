@@ -175,9 +175,10 @@ def test_q4_K_passes_of_any_size_compute_each_row_as_alone_where_the_runtime_lif
         assert bad == 0, f"{bad} of {rows} rows differ from the row alone (max |diff| {worst:.2e})"
 
 
-#: one-row products whose share a thread is at least 512 KiB go in chunks the threads claim
-#: (patch 0049): the XS head's input width into 16,384 outputs (27.5 MB of Q6_K, 1 MiB chunks) and
-#: dense products of 2.2-2.4 MB (128 KiB chunks); the K and V projections' 0.6 MB keep fixed shares
+#: products of 1-16 rows whose share a thread is at least 512 KiB go in chunks the threads claim
+#: (patches 0049-0050): the XS head's input width into 16,384 outputs (27.5 MB of Q6_K, 1 MiB
+#: chunks) and dense products of 2.2-2.4 MB (128 KiB chunks); the K and V projections' 0.6 MB keep
+#: fixed shares (one row) or ggml's chunks
 CLAIMED = [
     kw.WeightShape("head-q6_K-2048x16384", "q6_K", 2048, 16384),
     kw.WeightShape("dense-q4_K-2048x2048", "q4_K", 2048, 2048),
@@ -187,10 +188,10 @@ CLAIMED = [
 
 
 @pytest.mark.parametrize("shape", CLAIMED, ids=lambda s: s.name)
-def test_a_one_row_product_on_two_threads_gives_one_threads_bits(shape):
-    """Two threads claim a one-row product's chunks (counted per share and barrier generation) or
-    share ggml's chunks of a few rows, one thread computes it whole: the same bits, graph after
-    graph on one thread pool (whose counts carry over from graph to graph, as in the runtime)."""
+def test_a_product_of_one_to_sixteen_rows_on_two_threads_gives_one_threads_bits(shape):
+    """Two threads claim a product's chunks (counted per share and barrier generation), one thread
+    computes it whole: the same bits, graph after graph on one thread pool (whose counts carry
+    over from graph to graph, as in the runtime)."""
     one = kw.Product(kw.Backend(n_threads=1), shape, seed=5)
     two = kw.Product(kw.Backend(n_threads=2, own_pool=True), shape, seed=5)
     # one-row products after others, each on new inputs (a count not started afresh would leave the
