@@ -179,7 +179,7 @@ def test_q4_K_passes_of_any_size_compute_each_row_as_alone_where_the_runtime_lif
 #: (patches 0049-0050): the XS head's input width into 16,384 outputs (27.5 MB of Q6_K, 1 MiB
 #: chunks) and dense products of 2.2-2.4 MB (128 KiB chunks); the K and V projections' 0.6 MB keep
 #: fixed shares (one row) or ggml's chunks
-CLAIMED = [
+TWO_THREAD_SHAPES = [
     kw.WeightShape("head-q6_K-2048x16384", "q6_K", 2048, 16384),
     kw.WeightShape("dense-q4_K-2048x2048", "q4_K", 2048, 2048),
     kw.WeightShape("dense-q8_0-2048x1024", "q8_0", 2048, 1024),
@@ -187,20 +187,24 @@ CLAIMED = [
 ]
 
 
-@pytest.mark.parametrize("shape", CLAIMED, ids=lambda s: s.name)
+@pytest.mark.parametrize("shape", TWO_THREAD_SHAPES, ids=lambda s: s.name)
 def test_a_product_of_one_to_sixteen_rows_on_two_threads_gives_one_threads_bits(shape):
     """Two threads claim a product's chunks (counted per share and barrier generation), one thread
     computes it whole: the same bits, graph after graph on one thread pool (whose counts carry
     over from graph to graph, as in the runtime)."""
     one = kw.Product(kw.Backend(n_threads=1), shape, seed=5)
-    two = kw.Product(kw.Backend(n_threads=2, own_pool=True), shape, seed=5)
-    # one-row products after others, each on new inputs (a count not started afresh would leave the
-    # last graph's outputs in place)
-    for i, rows in enumerate((1, 1, 2, 1, 5, 16, 1)):
-        x, _ = one.inputs(rows, seed=10 + i)
-        want, _ = one.run(x, None)
-        got, _ = two.run(x, None)
-        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{rows} rows"
+    pooled = kw.Backend(n_threads=2, own_pool=True)
+    two = kw.Product(pooled, shape, seed=5)
+    try:
+        # products after others, each on new inputs: a count not started afresh leaves outputs
+        # unwritten (NaN)
+        for i, rows in enumerate((1, 1, 2, 1, 5, 16, 1)):
+            x, _ = one.inputs(rows, seed=10 + i)
+            want, _ = one.run(x, None)
+            got, _ = two.run(x, None)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), f"{rows} rows"
+    finally:
+        pooled.close()
 
 
 def test_the_q4_K_q6_K_and_q8_0_weights_are_repacked(backend):

@@ -88,6 +88,13 @@ class Backend:
                     self.repack_buft = arr[i]
                 i += 1
 
+    def close(self) -> None:
+        """Free the thread pool of ``own_pool`` (its workers otherwise sleep until the process ends)."""
+        if self.pool:
+            self.ggml_backend_cpu_set_threadpool(self.backend, None)
+            self.ggml_threadpool_free(self.pool)
+            self.pool = None
+
     def bind(self, sigs: dict) -> None:
         """Give the functions ``{(library, name): (argtypes, restype)}`` their types and make
         them attributes of this backend."""
