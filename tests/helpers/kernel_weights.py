@@ -32,7 +32,9 @@ class Backend:
     def __init__(self, n_threads: int = 1, own_pool: bool = False) -> None:
         """``own_pool``: the graphs run on one ggml thread pool kept for the backend's life, as
         the runtime's contexts do (runtime/threadpool.py); without it ggml makes a fresh pool, and
-        fresh counts, for every graph."""
+        fresh counts, for every graph. The pool is made by this backend's own copy of the CPU
+        library (loaded by path below), not by runtime.threadpool.ThreadPool, whose library is
+        the one llama.cpp loaded by its soname: a separate file in the wheel, so another copy."""
         import llama_cpp.llama_cpp  # noqa: F401  (loads the libraries with their dependencies)
 
         d = _lib_dir()
