@@ -6,8 +6,7 @@ import random
 
 import pytest
 
-from laguna_dflash.runtime.tuner import EXPLOIT_REACH, AutoDepth, CostModel, FixedDepth
-from laguna_dflash.runtime.tuner.costs import Pace
+from laguna_dflash.runtime.tuner import EXPLOIT_REACH, AutoDepth, FixedDepth
 
 MAX_DEPTH = 15
 
@@ -164,85 +163,6 @@ def test_best_depth_follows_the_cost_of_verify_rows():
         assert pair.expected_rate(tuner.best) >= 0.95 * pair.best_rate()
         chosen[per_row] = tuner.best
     assert chosen[0.02] > chosen[0.25]
-
-
-def test_costs_timed_before_a_change_of_pace_are_given_at_the_new_pace():
-    """Plain decoding timed every round, depth 4 on three visits; then the machine runs at half
-    its pace. Once plain decoding's rounds show it, depth 4 costs twice its rounds too (a cost
-    model that kept each depth at the pace of its own rounds gave 3.0 against plain's 2.0)."""
-    costs = CostModel(8)
-    for _ in range(20):
-        costs.add(0, 1.0)
-    for _ in range(3):
-        costs.add(4, 3.0)
-    for _ in range(20):
-        costs.add(0, 2.0)
-    assert costs.pace.value == 2.0
-    assert costs.medians() == {0: 2.0, 4: 6.0}
-
-
-def test_a_clock_that_only_jitters_leaves_the_costs_as_timed():
-    """Within the pace's slack, its median wanders with the noise: the costs stay the rounds'
-    own medians."""
-    costs = CostModel(8)
-    rng = random.Random(5)
-    for _ in range(3):
-        costs.add(4, 3.0)
-    for _ in range(200):
-        costs.add(0, rng.uniform(0.8, 1.2) * (5.0 if rng.random() < 0.05 else 1.0))  # and a stall or so
-    assert costs.pace.value == 1.0 and costs.medians()[4] == 3.0
-
-
-def test_cost_models_that_share_a_pace_move_together():
-    """A batch's widths share the machine: a width not run lately is priced at the pace the
-    others show (runtime/tuner/batch.py)."""
-    pace = Pace()
-    idle, busy = CostModel(8, pace=pace), CostModel(8, pace=pace)
-    for _ in range(3):
-        idle.add(2, 4.0)
-    for _ in range(20):
-        busy.add(0, 1.0)
-    for _ in range(20):
-        busy.add(0, 1.5)
-    assert idle.medians() == {2: 6.0}
-
-
-class PaceDip(SimPair):
-    """A shared machine whose pace drops by ``factor`` (every depth alike) from round ``start``
-    until the tuner exploits a drafting depth: the worst time for it to recover."""
-
-    def __init__(self, *args, start=300, factor=1.6, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.start, self.factor, self.dipping = start, factor, False
-
-    def play(self, k: int) -> tuple[int, float, float]:
-        n, t, catchup = super().play(k)
-        f = self.factor if self.dipping else 1.0
-        return n, t * f, catchup * f
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_a_dip_in_the_machines_pace_does_not_move_auto_off_plain_decoding(seed):
-    """Plain decoding best (depth 4 0.76x of it) at any pace. Live on a shared VM (one lane, two
-    streams on a thread) the pace dipped to two thirds while plain decoding was the incumbent;
-    against the other depths' costs from before the dip drafting won, the pace recovered, and
-    plain decoding kept the dip's cost: the tuner stayed at depth 5 for six runs, about 0.72x
-    plain. Here the dip lasts until the tuner exploits a drafting depth; a tuner that priced each
-    depth at the pace of its own rounds ran plain decoding 0.3-98% of the rounds after (median
-    about 23%) over ten seeds."""
-    pair = PaceDip(CODE, per_row=0.5, draft=1.6, seed=seed)
-    assert max(range(1, 8), key=pair.expected_rate) == 4 and pair.best_rate() == pair.expected_rate(0) == 1.0
-    tuner = AutoDepth(MAX_DEPTH)
-    chosen = []
-    for r in range(1800):
-        pair.dipping = pair.dipping or r == pair.start
-        k = tuner.choose()
-        if k and tuner.decision()["why"] == "exploit":
-            pair.dipping = False
-        acc, t, catchup = pair.play(k)
-        tuner.observe(k, acc, t, catchup)
-        chosen.append(k)
-    assert chosen[600:].count(0) >= 0.95 * len(chosen[600:])
 
 
 class KernelSwitch(SimPair):

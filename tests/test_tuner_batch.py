@@ -130,27 +130,6 @@ def test_a_pass_of_a_new_width_starts_from_the_nearest_timed_one():
     assert planner.passes[(3, 0)].costs.medians()[0] == pytest.approx(0.003)  # four's 4 ms, scaled to three
 
 
-def test_a_width_not_run_lately_is_priced_at_the_pace_the_others_show():
-    """Two sequences timed, then four, then four at half the pace (a shared machine): the
-    two-sequence pass is priced at the new pace though none of its passes ran at it."""
-    planner = BatchPlanner(max_depth=8)
-
-    def run(seqs: list[int], passes: int, slow: float) -> None:
-        for _ in range(passes):
-            depths = planner.plan(seqs, other_rows=0, context=400)
-            for i, d in zip(seqs, depths):
-                planner.slot(i).observe(d, min(d, 1), 0.0)
-            planner.observe(dict(zip(seqs, depths)), 0, slow * (0.001 * len(seqs) + 0.0035 * depths[0]))
-
-    run([0, 1], 100, 1.0)
-    two = planner.passes[(2, 0)]
-    assert two.best == 0 and two.costs.medians()[0] == pytest.approx(0.002)
-    run([0, 1, 2, 3], 100, 1.0)
-    run([0, 1, 2, 3], 100, 2.0)
-    assert planner.passes[(4, 0)].costs.medians()[0] == pytest.approx(0.008)
-    assert two.costs.medians()[0] == pytest.approx(0.004)
-
-
 def test_a_width_planned_before_any_pass_was_timed_leaves_its_probes_once_one_is():
     """The first passes of a batch run fewer sequences (the others' prompts still decoding), so
     those widths are planned before any width was timed and start with probes; if their passes

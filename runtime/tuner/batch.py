@@ -23,8 +23,7 @@ theirs) per second of a pass at ``d``.
     planner.observe({0: 4, 1: 4, 2: 4, 3: 4}, other_rows=0, seconds=0.012, timed=True)
 
 A pass is keyed by its participants' count and the rows other sequences (fixed depths) add,
-and keeps costs of its own, at the machine's pace, which the passes of every width show (one
-:class:`~.costs.Pace` for all). A pass of a width still in its probes starts from the nearest width
+and keeps costs of its own. A pass of a width still in its probes starts from the nearest width
 past them (beside as many other rows), at its first plan or as soon as there is one: that
 width's costs, scaled by the count of sequences, stand as one sample each, and its best depth as
 the incumbent, instead of the rest of its probes. Sequences start and end, so passes of fewer
@@ -42,7 +41,6 @@ after its prompt is among the participants, where the shape changes anyway.
 from __future__ import annotations
 
 from .acceptance import AcceptanceModel
-from .costs import Pace
 from .policy import AutoDepth, DepthPolicy
 
 
@@ -80,9 +78,8 @@ class PassAcceptance:
 class PassDepth(AutoDepth):
     """:class:`AutoDepth` over the depth every sequence of a pass of ``n`` drafts."""
 
-    def __init__(self, n: int, max_depth: int, window: int = 0, graph_replay: bool = False,
-                 pace: Pace | None = None) -> None:
-        super().__init__(max_depth, window=window, graph_replay=graph_replay, pace=pace)
+    def __init__(self, n: int, max_depth: int, window: int = 0, graph_replay: bool = False) -> None:
+        super().__init__(max_depth, window=window, graph_replay=graph_replay)
         self.n = n
         self.accept = PassAcceptance(max_depth)
 
@@ -136,7 +133,6 @@ class BatchPlanner:
     def __init__(self, max_depth: int, window: int = 0, graph_replay: bool = False) -> None:
         self.max_depth, self.window, self.graph_replay = max_depth, window, graph_replay
         self.passes: dict[tuple[int, int], PassDepth] = {}
-        self.pace = Pace()  # the machine's, which every width's passes show
         self._slots: dict[int, SlotDepth] = {}
         self.current: PassDepth | None = None
         self._planned: tuple[tuple[int, ...], int] | None = None
@@ -164,7 +160,7 @@ class BatchPlanner:
         pd = self.passes.get(key)
         fresh = pd is None
         if fresh:
-            pd = self.passes[key] = PassDepth(len(participants), deepest, self.window, self.graph_replay, self.pace)
+            pd = self.passes[key] = PassDepth(len(participants), deepest, self.window, self.graph_replay)
         if begins:
             pd.sequence_begins()
         slots = [self.slot(i) for i in participants]

@@ -33,22 +33,9 @@ Rules:
 * When a depth timed MISFIT_MIN_SAMPLES times or more sits more than MISFIT off the line, the
   costs are not a line: every depth then leans on the segment between its nearest timed
   neighbours instead (past the ends, the last segment's slope, never falling).
-* Every cost is at the machine's current pace (:class:`Pace`). A shared host's pace moves by half
-  or more within a minute, and the incumbent is timed every round while the other depths are
-  timed on visits: compared at the pace of when each was timed, a dip while plain decoding is the
-  incumbent made drafting win, and once drafting was the incumbent, plain decoding kept the dip's
-  cost for hundreds of rounds (one visit in seven from a drafting depth). So a round's time is
-  kept divided by the pace when it ran, and costs are given times the pace now. The pace is the
-  median of the last PACE_WINDOW rounds' time over their depth's own cost, counting the rounds
-  of depths with at least PACE_MIN_SAMPLES rounds in the band (the incumbent's, mostly), moved
-  only when that median is PACE_SLACK off it. A change that moves every depth alike moves the
-  pace, not the ratios between the depths; one that moves one depth more shows in its own
-  rounds, at a visit.
 """
 
 from __future__ import annotations
-
-import math
 
 #: Samples' worth of weight a cost projected from another context band gets (in the line, and
 #: against it): no round in this band stands behind it.
@@ -59,16 +46,6 @@ LINE_WEIGHT = 3.0
 MISFIT = 0.35
 #: ... once it has at least this many timed rounds.
 MISFIT_MIN_SAMPLES = 3
-#: A depth's rounds say the pace once it has this many in the band (its own cost is then
-#: their median, not one round) ...
-PACE_MIN_SAMPLES = 8
-#: ... and the pace is the median of this many such rounds' time over their depth's cost: a stall
-#: moves it by one rank, a change of pace shows after half of them.
-PACE_WINDOW = 15
-#: ... and moves only when that median is this much off it: within it, a noisy clock's median
-#: wanders, and would scale the rounds of visits by its noise.
-PACE_SLACK = 0.15
-PACE_SLACK_LOG = math.log1p(PACE_SLACK)
 
 _INF = float("inf")
 
@@ -79,38 +56,9 @@ def context_band(n_past: int, doublings: int = 1) -> int:
     return n_past.bit_length() // doublings
 
 
-class Pace:
-    """How fast the machine runs now, in the costs' unit (1: as when the first depth was costed;
-    the module docstring's last rule). One pace can serve several cost models on one machine
-    (runtime/tuner/batch.py: the widths of a batch)."""
-
-    def __init__(self, window: int = PACE_WINDOW) -> None:
-        self.window = window
-        self.value = 1.0
-        self.moves = 0  # how many times ``value`` was set (cost models rebuild their costs when it moved)
-        self._ratios: list[float] = []  # a ring
-        self._pos = 0
-
-    def observe(self, ratio: float) -> None:
-        """One round's time over its depth's cost in the costs' unit: the pace that round ran at."""
-        if len(self._ratios) < self.window:
-            self._ratios.append(ratio)
-            if len(self._ratios) < self.window:
-                return  # the median of a few rounds is a stall's as much as the pace's
-        else:
-            self._ratios[self._pos] = ratio
-            self._pos = (self._pos + 1) % self.window
-        median = sorted(self._ratios)[self.window // 2]
-        if abs(math.log(median / self.value)) > PACE_SLACK_LOG:
-            self.value = median
-            self.moves += 1
-
-
 class CostModel:
-    def __init__(self, max_depth: int, window: int = 31, band_doublings: int = 1, pace: Pace | None = None) -> None:
+    def __init__(self, max_depth: int, window: int = 31, band_doublings: int = 1) -> None:
         self.max_depth = max_depth
-        self.pace = pace or Pace()
-        self._pace_moves = self.pace.moves  # the pace's count when ``cost`` was built
         self.window = window
         self.band_doublings = band_doublings
         self.band = 0  # the context band of the rounds now being timed
@@ -135,9 +83,6 @@ class CostModel:
         """One timed round at ``depth`` (in the current context band)."""
         key = (depth, self.band)
         ring = self._times.setdefault(key, [])
-        if len(ring) >= PACE_MIN_SAMPLES:
-            self.pace.observe(seconds / self._own_median(key))
-        seconds /= self.pace.value
         if len(ring) < self.window:
             ring.append(seconds)
         else:
@@ -145,37 +90,27 @@ class CostModel:
             self._ring_pos[key] = (self._ring_pos.get(key, 0) + 1) % self.window
         self._dirty.add(key)
 
-    def _own_median(self, key: tuple[int, int]) -> float:
-        """The lower median of a (depth, band)'s rounds, in the costs' unit (at pace 1)."""
-        if key in self._dirty:
+    def medians(self) -> dict[int, float]:
+        """Each timed depth's cost in the current band (its own lower median, or projected)."""
+        if not self._dirty and not self._stale:
+            return self.cost
+        for key in self._dirty:
             ring = sorted(self._times[key])
             self._median[key] = ring[(len(ring) - 1) // 2]
-            self._dirty.discard(key)
-            self._stale = True
-        return self._median[key]
-
-    def medians(self) -> dict[int, float]:
-        """Each timed depth's cost in the current band (its own lower median, or projected), at
-        the pace now."""
-        if not self._dirty and not self._stale and self._pace_moves == self.pace.moves:
-            return self.cost
-        for key in list(self._dirty):
-            self._own_median(key)
+        self._dirty.clear()
         self._stale = False
-        self._pace_moves = self.pace.moves
-        pace = self.pace.value
         band, cost, weight = self.band, self.cost, self._weight
         cost.clear()
         weight.clear()
         elsewhere: dict[int, int] = {}  # depth -> the nearest other band it was timed in
         for d, b in self._median:
             if b == band:
-                cost[d], weight[d] = self._median[d, b] * pace, len(self._times[d, b])
+                cost[d], weight[d] = self._median[d, b], len(self._times[d, b])
             elif d not in elsewhere or (abs(b - band), -b) < (abs(elsewhere[d] - band), -elsewhere[d]):
                 elsewhere[d] = b
         for d, b in elsewhere.items():
             if d not in cost:
-                cost[d], weight[d] = self._median[d, b] * self._band_ratio(d, b) * pace, PROJECTED_WEIGHT
+                cost[d], weight[d] = self._median[d, b] * self._band_ratio(d, b), PROJECTED_WEIGHT
         return cost
 
     def _band_ratio(self, depth: int, other: int) -> float:

@@ -9,7 +9,7 @@ plain decoding step. How ``auto`` was tuned and judged:
 from __future__ import annotations
 
 from .acceptance import AcceptanceModel
-from .costs import CostModel, Pace
+from .costs import CostModel
 
 #: Exploit no depth more than this beyond the deepest timed one: past it the cost is the line's
 #: extrapolation, and exploring visits (best+1, best+2) reach it a step or two at a time.
@@ -135,7 +135,7 @@ class AutoDepth(DepthPolicy):
                  switch_margin: float = 0.05, unseen_decay: float = 0.97, cost_window: int = 31,
                  explore_turns=(1, -1, 1, -1, 2, -1, None), visit_rounds: int = 2,
                  leave_z: float = 0.0, look_z: float = 2.0, window: int = 0,
-                 min_evidence: float = 12.0, graph_replay: bool = False, pace: Pace | None = None) -> None:
+                 min_evidence: float = 12.0, graph_replay: bool = False) -> None:
         self.graph_replay = graph_replay
         self.settle = SETTLE_ROUNDS if graph_replay else 1  # rounds untimed after a change of shape
         # a context band counts as timed when a depth was timed this many bands from it (where a
@@ -147,7 +147,7 @@ class AutoDepth(DepthPolicy):
         self.max_depth = max_depth
         self.reach = 1 if graph_replay else EXPLOIT_REACH  # a wrong guess costs a GPU two switches
         self.accept = AcceptanceModel(max_depth, memory=memory, unseen_decay=unseen_decay)
-        self.costs = CostModel(max_depth, window=cost_window, band_doublings=3 if graph_replay else 1, pace=pace)
+        self.costs = CostModel(max_depth, window=cost_window, band_doublings=3 if graph_replay else 1)
         self.min_evidence = min_evidence
         self.leave_z, self.look_z = leave_z, look_z
         self.window = window
