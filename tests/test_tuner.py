@@ -165,6 +165,46 @@ def test_best_depth_follows_the_cost_of_verify_rows():
     assert chosen[0.02] > chosen[0.25]
 
 
+class PaceDip(SimPair):
+    """A shared machine whose pace drops by ``factor`` (every depth alike) from round ``start``
+    until the tuner exploits a drafting depth: the worst time for it to recover."""
+
+    def __init__(self, *args, start=300, factor=1.6, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.start, self.factor, self.dipping = start, factor, False
+
+    def play(self, k: int) -> tuple[int, float, float]:
+        n, t, catchup = super().play(k)
+        f = self.factor if self.dipping else 1.0
+        return n, t * f, catchup * f
+
+
+@pytest.mark.xfail(strict=True, reason="each depth is priced at the pace of its own rounds: after a dip "
+                   "the plain steps keep the dip's cost (docs/results/autotune-replay, the pace section)")
+def test_a_dip_in_the_machines_pace_leaves_auto_on_drafting():
+    """Plain decoding is best at any pace (depth 4 0.76x of it). Live on a shared VM the pace
+    dipped to two thirds while plain decoding led, drafting's older costs won, the pace
+    recovered, and plain decoding kept the dip's cost: `auto` stayed at depth 5 for six runs,
+    about 0.72x plain. Here the dip lasts until the tuner exploits a drafting depth; today plain
+    decoding runs 0.3-98% of the 1,200 rounds after, under 95% in 9 of 10 seeds."""
+    shares = []
+    for seed in range(10):
+        pair = PaceDip(CODE, per_row=0.5, draft=1.6, seed=seed)
+        assert max(range(1, 8), key=pair.expected_rate) == 4 and pair.best_rate() == pair.expected_rate(0)
+        tuner = AutoDepth(MAX_DEPTH)
+        chosen = []
+        for r in range(1800):
+            pair.dipping = pair.dipping or r == pair.start
+            k = tuner.choose()
+            if k and tuner.decision()["why"] == "exploit":
+                pair.dipping = False
+            acc, t, catchup = pair.play(k)
+            tuner.observe(k, acc, t, catchup)
+            chosen.append(k)
+        shares.append(chosen[600:].count(0) / len(chosen[600:]))
+    assert min(shares) >= 0.95, shares
+
+
 class KernelSwitch(SimPair):
     """A GPU-like clock: verify rows are almost free until a batch of 9 rows switches kernels,
     which makes every depth from 8 on dearer at once (an H200 ran depth 8 at 0.67 of depth 7)."""
