@@ -131,9 +131,11 @@ def sessions() -> dict[bool, list[list[dict]]]:
 def test_a_jump_to_a_long_context_reaches_drafting_soon(sessions):
     """At 30k tokens drafting wins. The tuner that knows the context re-times a drafting depth
     within ``min_explore_every`` rounds of the jump and exploits a depth within 5% of the best in
-    at most UP_ROUNDS rounds on every seed (measured: 11-50). Without the context it gets there
-    about as soon (20-29 rounds): going up, the drafting costs it learnt at 1k are stale but
-    cheap, so they err towards drafting; that direction is not where it fails."""
+    at most UP_ROUNDS rounds on every seed (measured: 12-20). Without the context it gets there
+    later (measured: 24-387 rounds; 32-120 before a move of the incumbent's cost had depths timed
+    afresh, AutoDepth's "A cost that moves": the depths timed afresh at 30k meet a line still
+    drawn through the others' 1k costs, and on three seeds of eight plain decoding then waits
+    for the looks)."""
     new = [rounds_to_reach(log, *LONG_PART) for log in sessions[True]]
     assert all(r is not None and r <= UP_ROUNDS for r in new), new
 
@@ -141,20 +143,22 @@ def test_a_jump_to_a_long_context_reaches_drafting_soon(sessions):
 def test_a_jump_back_to_a_short_context_returns_to_plain_decoding(sessions):
     """Back at 1k plain decoding wins again. Plain steps there were timed at the session's start,
     so the tuner that knows the context refits with them at the jump and leaves drafting within
-    DOWN_ROUNDS rounds on every seed (measured: 0-37); without it, plain decoding's cost is the
-    30k one it last measured, which one exploring visit at a time cannot outvote, and it keeps
-    drafting through all four short prompts (measured: on every seed)."""
-    new = [rounds_to_reach(log, *SHORT_AGAIN) for log in sessions[True]]
-    old = [rounds_to_reach(log, *SHORT_AGAIN) for log in sessions[False]]
-    assert all(r is not None and r <= DOWN_ROUNDS for r in new), new
-    assert sum(r is None for r in old) >= SEEDS // 2, old
+    DOWN_ROUNDS rounds on every seed (measured: 0-44). Without it, plain decoding's cost is the
+    30k one it last measured, which one exploring visit at a time cannot outvote: the tuner kept
+    drafting through all four short prompts on every seed, until a move of the incumbent's cost
+    had plain decoding timed afresh (AutoDepth, "A cost that moves"): now it is back within
+    DOWN_ROUNDS too (measured: 21-23)."""
+    told = [rounds_to_reach(log, *SHORT_AGAIN) for log in sessions[True]]
+    blind = [rounds_to_reach(log, *SHORT_AGAIN) for log in sessions[False]]
+    assert all(r is not None and r <= DOWN_ROUNDS for r in told), told
+    assert all(r is not None and r <= DOWN_ROUNDS for r in blind), blind
 
 
 def test_knowing_the_context_makes_the_session_faster(sessions):
     """Tokens per second over the whole session, told against not told, mean over the seeds
-    (measured: 1.006, per seed 0.98-1.02). The gain is small because at 1k the drafting depths
-    the blind tuner keeps run at 0.94-0.96 of plain decoding, and the 30k prompt, where both
-    draft, takes most of the session's time."""
+    (measured: 1.011, per seed 0.99-1.04). The gain is small because the 30k prompt, where both
+    draft, takes most of the session's time, and the blind tuner finds its way at the jumps
+    too, if later (the two tests above)."""
     gains = [tokens_per_second(a) / tokens_per_second(b) for a, b in zip(sessions[True], sessions[False])]
     assert sum(gains) / len(gains) > 1.0, gains
 

@@ -90,6 +90,25 @@ class CostModel:
             self._ring_pos[key] = (self._ring_pos.get(key, 0) + 1) % self.window
         self._dirty.add(key)
 
+    def recent(self, depth: int, rounds: int) -> float | None:
+        """The lower median of ``depth``'s last ``rounds`` rounds in the current band (None while
+        it has fewer)."""
+        key = (depth, self.band)
+        ring = self._times.get(key, [])
+        if len(ring) < rounds:
+            return None
+        pos = self._ring_pos.get(key, 0) if len(ring) == self.window else len(ring)
+        last = sorted(ring[(pos - i - 1) % len(ring)] for i in range(rounds))
+        return last[(rounds - 1) // 2]
+
+    def forget(self, depth: int) -> None:
+        """Drop ``depth``'s rounds in the current band (they ran at another pace)."""
+        key = (depth, self.band)
+        for store in (self._times, self._ring_pos, self._median):
+            store.pop(key, None)
+        self._dirty.discard(key)
+        self._stale = True
+
     def medians(self) -> dict[int, float]:
         """Each timed depth's cost in the current band (its own lower median, or projected)."""
         if not self._dirty and not self._stale:

@@ -8,6 +8,8 @@ plain decoding step. How ``auto`` was tuned and judged:
 
 from __future__ import annotations
 
+import math
+
 from .acceptance import AcceptanceModel
 from .costs import CostModel
 
@@ -23,6 +25,12 @@ SETTLE_ROUNDS = 2
 GRAPH_PROBE = ((0, 2), (4, 12))
 #: ... and ``look_z`` there: each look at drafting from plain decoding costs two switches.
 GRAPH_LOOK_Z = 1.5
+#: The incumbent's cost has moved when the median of its last RECENT_ROUNDS rounds is this far
+#: from its own cost (the median of its window; the class docstring, "A cost that moves"); on the
+#: busiest recorded clock the median of 15 rounds strays by about a tenth ...
+COST_MOVE = 0.25
+COST_MOVE_LOG = math.log1p(COST_MOVE)
+RECENT_ROUNDS = 15
 
 
 class DepthPolicy:
@@ -127,6 +135,18 @@ class AutoDepth(DepthPolicy):
       band spans three doublings and counts as timed when a drafting depth was timed one band
       from it, and plain decoding looks at drafting with acceptance ``GRAPH_LOOK_Z`` standard
       errors higher.
+    * **A cost that moves** (not on a backend that replays graphs): the incumbent is timed every
+      round, the other depths on visits, so a change of the incumbent's cost is the machine's
+      pace (a shared host's moves by half within a minute) or its cost against the others' (the
+      content, the context within a band), and only the others' rounds tell which. When the
+      median of the incumbent's last RECENT_ROUNDS rounds moves COST_MOVE off its cost, no
+      refit comes until its window has caught up (a median half of the old cost and half of the
+      new is neither); then a refit comes at once, and the refit's best or plain decoding, if
+      some of its rounds ran before the move, is timed afresh first (its rounds dropped, a visit
+      as long as a probe, the first round untimed) and the choice waits for it. Otherwise a dip
+      in the pace while plain decoding led made drafting's older costs win, and after it plain
+      decoding kept the dip's cost, refreshed by one visit in seven: live, `auto` stayed at
+      depth 5 for six runs at about 0.72x plain decoding.
     """
 
     def __init__(self, max_depth: int, probe=(2, 4, 0), probe_rounds: int = 3,
@@ -193,6 +213,10 @@ class AutoDepth(DepthPolicy):
         self._chose = 0  # the depth the last choose() returned (the engine may cut it at the end)
         self._declined_until = 0  # a declined change of depth is not asked again before this round
         self._stay_time, self._stayed = 0.0, 0  # seconds and tokens of the settled rounds kept since then
+        # depth -> the round count at its first timed round since its rounds were last dropped
+        self._timed_since: dict[int, int] = {}
+        self._moved_at = -1  # the round count when the incumbent's cost last moved (COST_MOVE)
+        self._moving = False  # whether it is off its cost now
 
     # -- the models' view
 
@@ -232,6 +256,32 @@ class AutoDepth(DepthPolicy):
             self.explore_every = self.min_explore
             self.next_explore = min(self.next_explore, self.rounds + self.min_explore)
 
+    def _timed_before_the_move(self, best: int) -> int | None:
+        """The refit's best or plain decoding, when not the incumbent and some of its rounds ran
+        before the incumbent's cost last moved: to be timed afresh before the choice leans on it
+        (the class docstring, "A cost that moves")."""
+        if self.graph_replay or self._moved_at < 0:
+            return None
+        for depth in dict.fromkeys((best, 0)):
+            if depth != self.best and self._timed_since.get(depth, self._moved_at) < self._moved_at:
+                return depth
+        return None
+
+    def _watch_the_incumbent(self) -> None:
+        """Whether the incumbent's last RECENT_ROUNDS rounds moved COST_MOVE off its cost: the
+        machine's pace or its cost against the others', which only the others' rounds tell apart."""
+        costs = self.costs
+        if costs.samples(self.best) <= 2 * RECENT_ROUNDS or not costs.timed_here(self.best):
+            return
+        recent = costs.recent(self.best, RECENT_ROUNDS)
+        moving = recent is not None and abs(math.log(recent / costs.medians()[self.best])) > COST_MOVE_LOG
+        if moving and not self._moving:
+            self._moved_at = self.rounds
+        elif self._moving and not moving:  # its window caught up: choose now, against fresh rounds
+            self._next_refit = min(self._next_refit, self.rounds)
+            self.next_explore = min(self.next_explore, self.rounds)
+        self._moving = moving
+
     def _reachable(self) -> int:
         """The deepest depth to exploit: ``reach`` beyond the deepest timed one."""
         return max((k for k in self.costs.cost if k > 0), default=self.max_depth) + self.reach
@@ -254,17 +304,27 @@ class AutoDepth(DepthPolicy):
 
     def choose(self) -> int:
         r = self.rounds
+        stale = None
         if r < self._probe_len:
             (depth, self._timed), why = self._probe[r], "probe"
         else:
             if self.graph_replay and r == self._probe_len:
                 self.best = self._probe[-1][0]  # the incumbent: where the probes left the graphs
-            if r >= self._next_refit and (self.best != 0 or r >= self.next_explore):
+            if r >= self._next_refit and (self.best != 0 or r >= self.next_explore) and not self._moving:
                 best = self._refit()
+                stale = self._timed_before_the_move(best)
+                if stale is not None:
+                    best = self.best
                 if best != self.best:
                     self.explore_every = self._look_every = self.min_explore
                 self.best = best
                 self._next_refit = r + self.refit_every
+                if stale is not None:  # timed afresh, as long as a probe, then the choice
+                    self.costs.forget(stale)
+                    del self._timed_since[stale]
+                    self._visit, self._visit_left = stale, self.probe_rounds
+                    self._visit_first, self._visit_extra, self._visit_midway = True, 0.0, self._seq_rounds > 0
+                    self._next_refit = r + self.probe_rounds
                 if self.graph_replay and r == self._probe_len and best == 0 and not self._plain_needs_a_look():
                     # the probes were the visit, and its two switches its cost
                     switches = 2 * self.switch_cost() / (self.explore_budget * self.costs.estimates()[0])
@@ -276,6 +336,7 @@ class AutoDepth(DepthPolicy):
                 self._visit_left -= 1
                 if self._visit_left <= 0:
                     self._visit = None
+                self._timed = stale is None  # the first round of a visit to time afresh rebuilds graphs
             elif r >= self.next_explore and (not self.graph_replay or self._seq_rounds == 0
                                              or r >= self.next_explore + self.max_explore):
                 depth, why = self._explore_depth(), "explore"
@@ -406,6 +467,9 @@ class AutoDepth(DepthPolicy):
             self._schedule_after_exploring(depth, t_round, t_catchup)
         if self._timed:
             self.costs.add(depth, t_round)
+            self._timed_since.setdefault(depth, self.rounds)
+            if depth == self.best and self.rounds >= self._probe_len:
+                self._watch_the_incumbent()
 
     def _track_shape(self, depth: int, accepted: int, t_round: float) -> None:
         """Rounds since the last change of shape, and the time of the unsettled ones after a
