@@ -90,16 +90,21 @@ class CostModel:
             self._ring_pos[key] = (self._ring_pos.get(key, 0) + 1) % self.window
         self._dirty.add(key)
 
+    def rounds_here(self, depth: int) -> int:
+        """How many rounds of ``depth`` in the current band its cost stands on (up to ``window``)."""
+        return len(self._times.get((depth, self.band), ()))
+
     def recent(self, depth: int, rounds: int) -> float | None:
         """The lower median of ``depth``'s last ``rounds`` rounds in the current band (None while
-        it has fewer)."""
+        it has fewer; all of them: its own cost, without rebuilding every depth's)."""
         key = (depth, self.band)
         ring = self._times.get(key, [])
-        if len(ring) < rounds:
+        if len(ring) < rounds or rounds <= 0:
             return None
-        pos = self._ring_pos.get(key, 0) if len(ring) == self.window else len(ring)
-        last = sorted(ring[(pos - i - 1) % len(ring)] for i in range(rounds))
-        return last[(rounds - 1) // 2]
+        if rounds < len(ring):
+            pos = self._ring_pos.get(key, 0) if len(ring) == self.window else len(ring)
+            ring = (ring[pos:] + ring[:pos])[-rounds:] if pos < len(ring) else ring[-rounds:]
+        return sorted(ring)[(rounds - 1) // 2]
 
     def forget(self, depth: int) -> None:
         """Drop ``depth``'s rounds in the current band (they ran at another pace)."""

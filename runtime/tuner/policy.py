@@ -271,10 +271,10 @@ class AutoDepth(DepthPolicy):
         """Whether the incumbent's last RECENT_ROUNDS rounds moved COST_MOVE off its cost: the
         machine's pace or its cost against the others', which only the others' rounds tell apart."""
         costs = self.costs
-        if costs.samples(self.best) <= 2 * RECENT_ROUNDS or not costs.timed_here(self.best):
+        n = costs.rounds_here(self.best)
+        if n <= 2 * RECENT_ROUNDS:
             return
-        recent = costs.recent(self.best, RECENT_ROUNDS)
-        moving = recent is not None and abs(math.log(recent / costs.medians()[self.best])) > COST_MOVE_LOG
+        moving = abs(math.log(costs.recent(self.best, RECENT_ROUNDS) / costs.recent(self.best, n))) > COST_MOVE_LOG
         if moving and not self._moving:
             self._moved_at = self.rounds
         elif self._moving and not moving:  # its window caught up: choose now, against fresh rounds
