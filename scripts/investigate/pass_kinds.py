@@ -10,7 +10,10 @@ completions of 64 tokens on 96-token prompts, one engine of ``--streams`` sequen
 each depth of ``--depths`` in turn for ``--runs`` rounds, and sums every target pass's wall time
 (from the end of the last decode to the end of its own, as the planner times it) by kind:
 ``prompt``, ``after-prompt``, ``new-shape``, ``settled``; per kind also the rows per sequence of
-the decoding passes. Beside each depth's total: its tokens per second over the run. A probe:
+the decoding passes. Beside each depth's total: its tokens per second over the run. With
+``--refits N``, also the first N choices of ``auto``'s pass planner in each run (the pass's
+width, its incumbent, the depth its refit found best, and the costs and expected tokens the
+refit went by). A probe:
 
     python -m scripts.investigate.pass_kinds --depths 0,4,auto --runs 5 --json kinds.json
 """
@@ -34,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--refits", type=int, default=0, help="record the first N refits of auto's planner in each run")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     require_at_least(ap, args, streams=1, runs=1, threads=1)
@@ -70,10 +74,28 @@ def main(argv: list[str] | None = None) -> int:
         observe(depths, other_rows, seconds, timed=timed, settled=settled)
 
     engine._plan_depths, engine.planner.observe = recorded, observed
+    refits: list[dict] = []
+    if args.refits:
+        from laguna_dflash.runtime.tuner.batch import PassDepth
+
+        refit = PassDepth._refit
+
+        def logged(pd: PassDepth) -> int:
+            best = refit(pd)
+            if len(refits) < args.refits:
+                cost, tokens = pd.costs.estimates(), pd.expected_tokens()
+                refits.append({"width": pd.n, "rounds": pd.rounds, "incumbent": pd.best, "refit_best": best,
+                               "timed_rounds": {str(d): pd.costs.samples(d) for d in sorted(pd.costs.cost)},
+                               "cost_ms": [round(1e3 * c, 3) for c in cost[:8]],
+                               "expected_tokens": [round(e, 3) for e in tokens[:8]]})
+            return best
+
+        PassDepth._refit = logged
     per_depth: dict[str, list[dict]] = {str(d): [] for d in depths}
     for run in range(args.runs):
         for d in depths:
             passes.clear()
+            refits.clear()
             engine._t_pass = time.perf_counter()  # the run's first pass is timed from its start
             summary, _ = in_a_thread(run_batched, engine, prompts, GenerateOptions(n_predict=64, n_max=d), args.streams)
             kinds: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
@@ -86,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             per_depth[str(d)].append({
                 "tokens_per_s": summary["aggregate"], "wall_s": summary["wall"],
                 "kinds": {k: {"passes": n, "ms": 1e3 * s, "ms_per_pass": 1e3 * s / n} for k, (n, s) in kinds.items()},
-                "rows_per_sequence": {k: dict(sorted(c.items())) for k, c in rows.items()}})
+                "rows_per_sequence": {k: dict(sorted(c.items())) for k, c in rows.items()},
+                **({"refits": list(refits)} if refits else {})})
+            for r in refits:
+                print(f"  refit: width {r['width']}, round {r['rounds']}, incumbent {r['incumbent']} -> "
+                      f"{r['refit_best']}; cost ms {r['cost_ms']}; tokens {r['expected_tokens']}", flush=True)
             k = per_depth[str(d)][-1]["kinds"]
             print(f"run {run + 1} depth {d}: {summary['aggregate']:.0f} tok/s; "
                   + ", ".join(f"{kind} {v['passes']} x {v['ms_per_pass']:.2f} ms" for kind, v in sorted(k.items())),
