@@ -144,7 +144,9 @@ class AutoDepth(DepthPolicy):
       refit comes until its window has caught up (a median half of the old cost and half of the
       new is neither); then a refit comes at once, and the refit's best or plain decoding, if
       some of its rounds ran before the move, is timed afresh first (its rounds dropped, a visit
-      as long as a probe, the first round untimed) and the choice waits for it. Otherwise a dip
+      as long as a probe, the first round untimed) and the choice waits for it. A cost that
+      drifts makes no such step, so the same holds for a depth whose rounds began while the
+      incumbent's cost (its window's median) was COST_MOVE off what it is now. Otherwise a dip
       in the pace while plain decoding led made drafting's older costs win, and after it plain
       decoding kept the dip's cost, refreshed by one visit in seven: live, `auto` stayed at
       depth 5 for six runs at about 0.72x plain decoding.
@@ -217,6 +219,9 @@ class AutoDepth(DepthPolicy):
         # depth -> the round count at its first timed round since its rounds were last dropped
         self._timed_since: dict[int, int] = {}
         self._moved_at = -1  # the round count when the incumbent's cost last moved (COST_MOVE)
+        # depth -> [the incumbent at its first timed round kept, the incumbent's cost then (None:
+        # not yet known, the incumbent's window not full)]
+        self._priced_at: dict[int, list] = {}
         self._moving = False  # whether it is off its cost now
 
     # -- the models' view
@@ -258,24 +263,45 @@ class AutoDepth(DepthPolicy):
             self.next_explore = min(self.next_explore, self.rounds + self.min_explore)
 
     def _timed_before_the_move(self, best: int) -> int | None:
-        """The refit's best or plain decoding, when not the incumbent and some of its rounds ran
-        before the incumbent's cost last moved: to be timed afresh before the choice leans on it
-        (the class docstring, "A cost that moves")."""
-        if self.graph_replay or self._moved_at < 0:
+        """The refit's best (an untimed best: the timed depths its estimate comes from, nearest
+        first) or plain decoding, when not the incumbent and some of its rounds ran at another
+        cost of the incumbent: to be timed afresh before the choice leans on it (the class
+        docstring, "A cost that moves")."""
+        if self.graph_replay:
             return None
-        for depth in dict.fromkeys((best, 0)):
-            if depth != self.best and self._timed_since.get(depth, self._moved_at) < self._moved_at:
+        now = self._own_cost(self.best)
+        candidates = [best, 0]
+        if best and not self.costs.timed_here(best):  # its cost is the line's, through the timed depths
+            candidates += sorted((d for d in self.costs.cost if d > 0 and self.costs.timed_here(d)),
+                                 key=lambda d: abs(d - best))
+        for depth in dict.fromkeys(candidates):
+            if depth == self.best:
+                continue
+            if self._timed_since.get(depth, self._moved_at) < self._moved_at:
+                return depth
+            priced = self._priced_at.get(depth)
+            if priced is None or priced[0] != self.best or now is None:
+                continue
+            if priced[1] is not None and abs(math.log(now / priced[1])) > COST_MOVE_LOG:
                 return depth
         return None
+
+    def _own_cost(self, depth: int) -> float | None:
+        """``depth``'s cost from its own rounds in the band, once it has more than 2 x
+        RECENT_ROUNDS of them (None before)."""
+        n = self.costs.rounds_here(depth)
+        return self.costs.recent(depth, n) if n > 2 * RECENT_ROUNDS else None
 
     def _watch_the_incumbent(self) -> None:
         """Whether the incumbent's last RECENT_ROUNDS rounds moved COST_MOVE off its cost: the
         machine's pace or its cost against the others', which only the others' rounds tell apart."""
-        costs = self.costs
-        n = costs.rounds_here(self.best)
-        if n <= 2 * RECENT_ROUNDS:
+        own = self._own_cost(self.best)
+        if own is None:
             return
-        moving = abs(math.log(costs.recent(self.best, RECENT_ROUNDS) / costs.recent(self.best, n))) > COST_MOVE_LOG
+        for priced in self._priced_at.values():
+            if priced[1] is None and priced[0] == self.best:
+                priced[1] = own  # as soon as the incumbent's window is full
+        moving = abs(math.log(self.costs.recent(self.best, RECENT_ROUNDS) / own)) > COST_MOVE_LOG
         if moving and not self._moving:
             self._moved_at = self.rounds
         elif self._moving and not moving:  # its window caught up: choose now, against fresh rounds
@@ -318,11 +344,14 @@ class AutoDepth(DepthPolicy):
                     best = self.best
                 if best != self.best:
                     self.explore_every = self._look_every = self.min_explore
+                    self._priced_at.pop(best, None)  # timed every round from now on
+                    self._priced_at[self.best] = [best, None]
                 self.best = best
                 self._next_refit = r + self.refit_every
                 if stale is not None:  # timed afresh, as long as a probe, then the choice
                     self.costs.forget(stale)
-                    del self._timed_since[stale]
+                    self._timed_since.pop(stale, None)
+                    self._priced_at.pop(stale, None)
                     self._visit, self._visit_left = stale, self.probe_rounds
                     self._visit_first, self._visit_extra, self._visit_midway = True, 0.0, self._seq_rounds > 0
                     self._next_refit = r + self.probe_rounds
@@ -469,6 +498,8 @@ class AutoDepth(DepthPolicy):
         if self._timed:
             self.costs.add(depth, t_round)
             self._timed_since.setdefault(depth, self.rounds)
+            if depth != self.best and depth not in self._priced_at:
+                self._priced_at[depth] = [self.best, self._own_cost(self.best)]
             if depth == self.best and self.rounds >= self._probe_len:
                 self._watch_the_incumbent()
 
