@@ -96,7 +96,8 @@ class CostModel:
 
     def recent(self, depth: int, rounds: int) -> float | None:
         """The lower median of ``depth``'s last ``rounds`` rounds in the current band (None while
-        it has fewer; all of them: its own cost, without rebuilding every depth's)."""
+        it has fewer). With ``rounds`` = :meth:`rounds_here`, the depth's own cost, without
+        rebuilding every depth's."""
         key = (depth, self.band)
         ring = self._times.get(key, [])
         if len(ring) < rounds or rounds <= 0:

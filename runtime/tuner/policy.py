@@ -146,7 +146,9 @@ class AutoDepth(DepthPolicy):
       some of its rounds ran before the move, is timed afresh first (its rounds dropped, a visit
       as long as a probe, the first round untimed) and the choice waits for it. A cost that
       drifts makes no such step, so the same holds for a depth whose rounds began while the
-      incumbent's cost (its window's median) was COST_MOVE off what it is now. Otherwise a dip
+      incumbent's cost (its window's median) was COST_MOVE off what it is now; and where the
+      refit's best has no rounds of its own (its cost is the line's), for the timed depths the
+      line goes through, nearest first. Otherwise a dip
       in the pace while plain decoding led made drafting's older costs win, and after it plain
       decoding kept the dip's cost, refreshed by one visit in seven: live, `auto` stayed at
       depth 5 for six runs at about 0.72x plain decoding.
@@ -262,7 +264,7 @@ class AutoDepth(DepthPolicy):
             self.explore_every = self.min_explore
             self.next_explore = min(self.next_explore, self.rounds + self.min_explore)
 
-    def _timed_before_the_move(self, best: int) -> int | None:
+    def _timed_at_another_cost(self, best: int) -> int | None:
         """The refit's best (an untimed best: the timed depths its estimate comes from, nearest
         first) or plain decoding, when not the incumbent and some of its rounds ran at another
         cost of the incumbent: to be timed afresh before the choice leans on it (the class
@@ -293,8 +295,9 @@ class AutoDepth(DepthPolicy):
         return self.costs.recent(depth, n) if n > 2 * RECENT_ROUNDS else None
 
     def _watch_the_incumbent(self) -> None:
-        """Whether the incumbent's last RECENT_ROUNDS rounds moved COST_MOVE off its cost: the
-        machine's pace or its cost against the others', which only the others' rounds tell apart."""
+        """Note whether the incumbent's last RECENT_ROUNDS rounds are COST_MOVE off its cost (the
+        machine's pace or its cost against the others', which only the others' rounds tell
+        apart), and give the depths priced against it before its window was full its cost now."""
         own = self._own_cost(self.best)
         if own is None:
             return
@@ -339,7 +342,7 @@ class AutoDepth(DepthPolicy):
                 self.best = self._probe[-1][0]  # the incumbent: where the probes left the graphs
             if r >= self._next_refit and (self.best != 0 or r >= self.next_explore) and not self._moving:
                 best = self._refit()
-                stale = self._timed_before_the_move(best)
+                stale = self._timed_at_another_cost(best)
                 if stale is not None:
                     best = self.best
                 if best != self.best:
