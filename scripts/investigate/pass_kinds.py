@@ -13,7 +13,9 @@ each depth of ``--depths`` in turn for ``--runs`` rounds, and sums every target 
 the decoding passes. Beside each depth's total: its tokens per second over the run. With
 ``--refits N``, also the first N choices of ``auto``'s pass planner in each run (the pass's
 width, its incumbent, the depth its refit found best, and the costs and expected tokens the
-refit went by). A probe:
+refit went by). ``0c`` is plain decoding whose every plain step reads its row for the drafter
+(captures the target's hidden states), as the plain passes `auto` times while a drafting depth
+leads do. A probe:
 
     python -m scripts.investigate.pass_kinds --depths 0,4,auto --runs 5 --json kinds.json
 """
@@ -32,8 +34,8 @@ from scripts.recorded import command_line, write_json
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--depths", type=int_list(0, 15, ("auto",)), default=(0, 4, "auto"),
-                    help="comma-separated fixed depths and/or auto")
+    ap.add_argument("--depths", type=int_list(0, 15, ("auto", "0c")), default=(0, 4, "auto"),
+                    help="comma-separated fixed depths, auto, and/or 0c (plain decoding that captures every row)")
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     from laguna_dflash.runtime.engine import EngineConfig, GenerateOptions
     from laguna_dflash.runtime.llama import Model
     from laguna_dflash.runtime.open_pair import resolve_pair
+    from laguna_dflash.runtime.tuner import FixedDepth
     from scripts.bench.bench_concurrency import in_a_thread, run_batched
 
     pair = resolve_pair(assets.TINY_TARGET, assets.converted_tiny_drafter())
@@ -97,7 +100,15 @@ def main(argv: list[str] | None = None) -> int:
             passes.clear()
             refits.clear()
             engine._t_pass = time.perf_counter()  # the run's first pass is timed from its start
-            summary, _ = in_a_thread(run_batched, engine, prompts, GenerateOptions(n_predict=64, n_max=d), args.streams)
+            # 0c: a fixed plain depth that promises no plain stretch, so every step captures its row
+            promise = FixedDepth.plain_rounds_ahead
+            if d == "0c":
+                FixedDepth.plain_rounds_ahead = lambda self: 0
+            try:
+                summary, _ = in_a_thread(run_batched, engine, prompts,
+                                         GenerateOptions(n_predict=64, n_max=0 if d == "0c" else d), args.streams)
+            finally:
+                FixedDepth.plain_rounds_ahead = promise
             kinds: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
             rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
             for kind, shape, sec in passes:
