@@ -13,7 +13,7 @@ each depth of ``--depths`` in turn for ``--runs`` rounds, and sums every target 
 the decoding passes. Beside each depth's total: its tokens per second over the run. With
 ``--refits N``, also the first N choices of ``auto``'s pass planner in each run (the pass's
 width, its incumbent, the depth its refit found best, and the costs and expected tokens the
-refit went by). ``0c`` is plain decoding whose every plain step reads its row for the drafter
+refit went by); with ``--passes``, every pass in order (kind, rows per sequence, ms). ``0c`` is plain decoding whose every plain step reads its row for the drafter
 (captures the target's hidden states), as the plain passes `auto` times while a drafting depth
 leads do. A probe:
 
@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--refits", type=int, default=0, help="record the first N refits of auto's planner in each run")
+    ap.add_argument("--passes", action="store_true", help="also keep every pass (kind, rows per sequence, ms) in the JSON")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     require_at_least(ap, args, streams=1, runs=1, threads=1)
@@ -120,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                 "tokens_per_s": summary["aggregate"], "wall_s": summary["wall"],
                 "kinds": {k: {"passes": n, "ms": 1e3 * s, "ms_per_pass": 1e3 * s / n} for k, (n, s) in kinds.items()},
                 "rows_per_sequence": {k: dict(sorted(c.items())) for k, c in rows.items()},
-                **({"refits": list(refits)} if refits else {})})
+                **({"refits": list(refits)} if refits else {}),
+                **({"passes": [[kind, list(shape), round(1e3 * sec, 4)] for kind, shape, sec in passes]}
+                   if args.passes else {})})
             for r in refits:
                 print(f"  refit: width {r['width']}, round {r['rounds']}, incumbent {r['incumbent']} -> "
                       f"{r['refit_best']}; cost ms {r['cost_ms']}; tokens {r['expected_tokens']}", flush=True)
