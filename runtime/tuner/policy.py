@@ -32,6 +32,10 @@ GRAPH_LOOK_Z = 1.5
 COST_MOVE = 0.25
 COST_MOVE_LOG = math.log1p(COST_MOVE)
 RECENT_ROUNDS = 15
+#: On a CPU, plain steps run dearer for a few passes after a drafting round (live on a 2-core VM,
+#: one thread: 1.85 ms the 2nd and 3rd after it against 1.13 ms from the 4th on), so plain
+#: decoding timed afresh from a drafting depth leaves this many rounds untimed first.
+PLAIN_SETTLE = 3
 
 
 class DepthPolicy:
@@ -225,6 +229,7 @@ class AutoDepth(DepthPolicy):
         # not yet known, the incumbent's window not full)]
         self._priced_at: dict[int, list] = {}
         self._moving = False  # whether it is off its cost now
+        self._untimed_left = 0  # rounds of a visit to time a depth afresh still to leave untimed
 
     # -- the models' view
 
@@ -356,6 +361,10 @@ class AutoDepth(DepthPolicy):
                     self._timed_since.pop(stale, None)
                     self._priced_at.pop(stale, None)
                     self._visit, self._visit_left = stale, self.probe_rounds
+                    self._untimed_left = 1  # the first round rebuilds graphs
+                    if stale == 0 and not self.graph_replay:
+                        self._untimed_left = PLAIN_SETTLE
+                        self._visit_left += PLAIN_SETTLE - 1
                     self._visit_first, self._visit_extra, self._visit_midway = True, 0.0, self._seq_rounds > 0
                     self._next_refit = r + self.probe_rounds
                 if self.graph_replay and r == self._probe_len and best == 0 and not self._plain_needs_a_look():
@@ -369,7 +378,9 @@ class AutoDepth(DepthPolicy):
                 self._visit_left -= 1
                 if self._visit_left <= 0:
                     self._visit = None
-                self._timed = stale is None  # the first round of a visit to time afresh rebuilds graphs
+                if self._untimed_left > 0:  # a visit to time a depth afresh: its first rounds
+                    self._timed = False
+                    self._untimed_left -= 1
             elif r >= self.next_explore and (not self.graph_replay or self._seq_rounds == 0
                                              or r >= self.next_explore + self.max_explore):
                 depth, why = self._explore_depth(), "explore"
