@@ -148,7 +148,8 @@ class AutoDepth(DepthPolicy):
       refit comes until its window has caught up (a median half of the old cost and half of the
       new is neither); then a refit comes at once, and the refit's best or plain decoding, if
       some of its rounds ran before the move, is timed afresh first (its rounds dropped, a visit
-      as long as a probe, the first round untimed) and the choice waits for it. A cost that
+      as long as a probe, the first round untimed; for plain decoding PLAIN_SETTLE rounds
+      untimed and the visit that much longer) and the choice waits for it. A cost that
       drifts makes no such step, so the same holds for a depth whose rounds began while the
       incumbent's cost (its window's median) was COST_MOVE off what it is now; and where the
       refit's best has no rounds of its own (its cost is the line's), for the timed depths the
