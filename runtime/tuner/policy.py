@@ -367,7 +367,7 @@ class AutoDepth(DepthPolicy):
                         self._untimed_left = PLAIN_SETTLE
                         self._visit_left += PLAIN_SETTLE - 1
                     self._visit_first, self._visit_extra, self._visit_midway = True, 0.0, self._seq_rounds > 0
-                    self._next_refit = r + self.probe_rounds
+                    self._next_refit = r + self._visit_left  # the round after the visit
                 if self.graph_replay and r == self._probe_len and best == 0 and not self._plain_needs_a_look():
                     # the probes were the visit, and its two switches its cost
                     switches = 2 * self.switch_cost() / (self.explore_budget * self.costs.estimates()[0])
