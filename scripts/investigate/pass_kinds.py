@@ -13,9 +13,9 @@ each depth of ``--depths`` in turn for ``--runs`` rounds, and sums every target 
 the decoding passes. Beside each depth's total: its tokens per second over the run. With
 ``--refits N``, also the first N choices of ``auto``'s pass planner in each run (the pass's
 width, its incumbent, the depth its refit found best, and the costs and expected tokens the
-refit went by); with ``--passes``, every pass in order (kind, rows per sequence, ms). ``0c`` is plain decoding whose every plain step reads its row for the drafter
-(captures the target's hidden states), as the plain passes `auto` times while a drafting depth
-leads do. A probe:
+refit went by); with ``--passes``, every pass in order (kind, rows per sequence, ms). Depth
+``0c`` is plain decoding whose every step reads its row for the drafter (captures the target's
+hidden states), as the plain passes ``auto`` times while a drafting depth leads do. A probe:
 
     python -m scripts.investigate.pass_kinds --depths 0,4,auto --runs 5 --json kinds.json
 """
@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(f"{kind} {v['passes']} x {v['ms_per_pass']:.2f} ms" for kind, v in sorted(k.items())),
                   flush=True)
     engine.close()
+    if args.refits:
+        PassDepth._refit = refit
     medians = {d: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
                    "ms_by_kind": {kind: statistics.median(r["kinds"].get(kind, {"ms": 0.0})["ms"] for r in runs)
                                   for kind in ("prompt", "after-prompt", "new-shape", "settled")}}
