@@ -340,7 +340,6 @@ class AutoDepth(DepthPolicy):
 
     def choose(self) -> int:
         r = self.rounds
-        stale = None
         if r < self._probe_len:
             (depth, self._timed), why = self._probe[r], "probe"
         else:
@@ -363,7 +362,7 @@ class AutoDepth(DepthPolicy):
                     self._priced_at.pop(stale, None)
                     self._visit, self._visit_left = stale, self.probe_rounds
                     self._untimed_left = 1  # the first round rebuilds graphs
-                    if stale == 0 and not self.graph_replay:
+                    if stale == 0:  # (never on a backend that replays graphs: no re-times there)
                         self._untimed_left = PLAIN_SETTLE
                         self._visit_left += PLAIN_SETTLE - 1
                     self._visit_first, self._visit_extra, self._visit_midway = True, 0.0, self._seq_rounds > 0
