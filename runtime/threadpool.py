@@ -46,12 +46,17 @@ def _cpu_backend() -> ctypes.CDLL | None:
     return lib
 
 
+def pool_params(n_threads: int) -> PoolParams:
+    """The parameters of a pool of ``n_threads`` workers that poll POLL before they sleep."""
+    return PoolParams(n_threads=n_threads, prio=0, poll=POLL, strict_cpu=False, paused=False)
+
+
 class ThreadPool:
     """``n_threads`` workers (the caller's thread among them), freed when the last context
     using the pool is closed."""
 
     def __init__(self, n_threads: int) -> None:
-        params = PoolParams(n_threads=n_threads, prio=0, poll=POLL, strict_cpu=False, paused=False)
+        params = pool_params(n_threads)
         self.n_threads = n_threads
         backend = _cpu_backend()
         self.ptr = backend.ggml_threadpool_new(ctypes.byref(params)) if backend else None

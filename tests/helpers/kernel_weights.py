@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from laguna_dflash.runtime.threadpool import POLL, PoolParams
+from laguna_dflash.runtime.threadpool import PoolParams, pool_params
 
 from .kernel_rows import _InitParams, _lib_dir
 
@@ -74,7 +74,7 @@ class Backend:
         self.ggml_backend_cpu_set_n_threads(self.backend, n_threads)
         self.pool = None
         if own_pool:
-            params = PoolParams(n_threads=n_threads, prio=0, poll=POLL, strict_cpu=False, paused=False)
+            params = pool_params(n_threads)
             self.pool = self.ggml_threadpool_new(ctypes.byref(params))
             self.ggml_backend_cpu_set_threadpool(self.backend, self.pool)
         self.cpu_buft = self.ggml_backend_get_default_buffer_type(self.backend)
