@@ -237,6 +237,36 @@ def test_a_drift_in_the_machines_pace_does_not_move_auto_off_plain_decoding():
     assert min(shares) >= 0.95, shares
 
 
+class PaceSteps(SimPair):
+    """A shared machine whose pace multiplies every depth's cost by ``factor``."""
+
+    factor = 1.0
+
+    def play(self, k: int) -> tuple[int, float, float]:
+        n, t, catchup = super().play(k)
+        return n, t * self.factor, catchup * self.factor
+
+
+def test_a_faster_pace_brings_no_visit_to_drafting():
+    """Plain decoding is best at any pace, and a visit to drafting costs several plain steps
+    (their budget waits about 650 rounds). The pace quickens by 30% four times, 200 rounds
+    apart: each time the incumbent's window catches up, a refit is due, but it finds plain
+    decoding best against drafting's older, dearer costs, so no visit follows. Before, a
+    catch-up started an exploring visit too (the refit from plain decoding waited for one):
+    four visits in rounds 400-1,200 on every seed, now one, the budget's."""
+    for seed in range(10):
+        pair = PaceSteps(PROSE, draft=3.0, seed=seed)
+        tuner = AutoDepth(MAX_DEPTH)
+        visits = []
+        for r in range(1200):
+            pair.factor = 0.7 ** sum(r >= step for step in (400, 600, 800, 1000))
+            k = tuner.choose()
+            if tuner.decision()["why"] == "explore" and tuner._visit_first and r >= 400:
+                visits.append(r)
+            tuner.observe(k, *pair.play(k))
+        assert tuner.best == 0 and len(visits) <= 2, (seed, visits)
+
+
 class KernelSwitch(SimPair):
     """A GPU-like clock: verify rows are almost free until a batch of 9 rows switches kernels,
     which makes every depth from 8 on dearer at once (an H200 ran depth 8 at 0.67 of depth 7)."""

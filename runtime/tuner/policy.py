@@ -88,7 +88,8 @@ class AutoDepth(DepthPolicy):
       each is untimed (it rebuilds llama.cpp's graphs for the batch shape), so no single stall
       sets a depth's first cost. Plain decoding is the incumbent after the probes.
     * **Refit** every ``refit_every`` rounds (while plain decoding is best, only after an
-      exploring visit: nothing else brings news about drafting): the best depth among those at
+      exploring visit, nothing else bringing news about drafting, or after a move of its own
+      cost, below): the best depth among those at
       most EXPLOIT_REACH beyond the deepest timed one. It replaces the incumbent only when
       ``switch_margin`` better; leaving plain decoding takes twice the margin, with acceptance
       ``leave_z`` standard errors off (except at the first decision, which has only the probes).
@@ -146,8 +147,10 @@ class AutoDepth(DepthPolicy):
       content, the context within a band), and only the others' rounds tell which. When the
       median of the incumbent's last RECENT_ROUNDS rounds moves COST_MOVE off its cost, no
       refit comes until its window has caught up (a median half of the old cost and half of the
-      new is neither); then a refit comes at once, and the refit's best or plain decoding, if
-      some of its rounds ran before the move, is timed afresh first (its rounds dropped, a visit
+      new is neither); then a refit comes at once (from plain decoding too, with no exploring
+      visit: a visit costs several plain steps, and the budget decides when one is due), and
+      the refit's best or plain decoding, if some of its rounds ran before the move, is timed
+      afresh first (its rounds dropped, a visit
       as long as a probe, the first round untimed; for plain decoding PLAIN_SETTLE rounds
       untimed and the visit that much longer) and the choice waits for it. A cost that
       drifts makes no such step, so the same holds for a depth whose rounds began while the
@@ -230,6 +233,7 @@ class AutoDepth(DepthPolicy):
         # not yet known, the incumbent's window not full)]
         self._priced_at: dict[int, list] = {}
         self._moving = False  # whether it is off its cost now
+        self._refit_due = False  # whether its window caught up since the last refit
         self._untimed_left = 0  # rounds of a visit to time a depth afresh still to leave untimed
 
     # -- the models' view
@@ -315,7 +319,7 @@ class AutoDepth(DepthPolicy):
             self._moved_at = self.rounds
         elif self._moving and not moving:  # its window caught up: choose now, against fresh rounds
             self._next_refit = min(self._next_refit, self.rounds)
-            self.next_explore = min(self.next_explore, self.rounds)
+            self._refit_due = True  # from plain decoding too, without the exploring visit a refit waits for there
         self._moving = moving
 
     def _reachable(self) -> int:
@@ -345,7 +349,9 @@ class AutoDepth(DepthPolicy):
         else:
             if self.graph_replay and r == self._probe_len:
                 self.best = self._probe[-1][0]  # the incumbent: where the probes left the graphs
-            if r >= self._next_refit and (self.best != 0 or r >= self.next_explore) and not self._moving:
+            if (r >= self._next_refit and (self.best != 0 or r >= self.next_explore or self._refit_due)
+                    and not self._moving):
+                self._refit_due = False
                 best = self._refit()
                 stale = self._timed_at_another_cost(best)
                 if stale is not None:
