@@ -13,7 +13,10 @@ each depth of ``--depths`` in turn for ``--runs`` rounds, and sums every target 
 the decoding passes. Beside each depth's total: its tokens per second over the run. With
 ``--refits N``, also the first N choices of ``auto``'s pass planner in each run (the pass's
 width, its incumbent, the depth its refit found best, and the costs and expected tokens the
-refit went by); with ``--passes``, every pass in order (kind, rows per sequence, ms). Depth
+refit went by); with ``--passes``, every pass in order (kind, rows per sequence, ms, the
+target decode's own ms, whether the target captured rows for a drafter), and per depth the
+settled passes' medians of those: the pass, its decode, the rest (the host's work between
+decodes) and the share that captured. Depth
 ``0c`` is plain decoding whose every step reads its row for the drafter (captures the target's
 hidden states), as the plain passes ``auto`` times while a drafting depth leads do. A probe:
 
@@ -51,8 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     from laguna_dflash.runtime.engine import EngineConfig, GenerateOptions
     from laguna_dflash.runtime.llama import Model
     from laguna_dflash.runtime.open_pair import resolve_pair
-    from laguna_dflash.runtime.tuner import FixedDepth
+    from laguna_dflash.runtime.tuner import DepthPolicy
     from scripts.bench.bench_concurrency import in_a_thread, run_batched
+
+    class CapturingPlain(DepthPolicy):
+        """Depth 0 every round with no plain stretch promised, so that each step's row is
+        captured for the drafter."""
+
+        def choose(self) -> int:
+            return 0
 
     pair = resolve_pair(assets.TINY_TARGET, assets.converted_tiny_drafter())
     cfg = EngineConfig(n_ctx=1024, n_threads=args.threads, kv_type="f16", prompt_cache=False)
@@ -61,7 +71,18 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [target.tokenize(texts[i % len(texts)])[:96] for i in range(8)]
     engine = BatchEngine(target, pair, cfg, n_seq=args.streams, drafter_model=drafter)
 
-    passes: list[tuple[str, tuple[int, ...], float]] = []
+    passes: list[tuple[str, tuple[int, ...], float, float, bool]] = []
+    # the last target decode's own wall time, and whether it captured rows for a drafter
+    decode_seqs, last_decode = engine.ctx.decode_seqs, {"s": 0.0, "captured": False}
+
+    def timed_decode(parts):
+        t0 = time.perf_counter()
+        try:
+            return decode_seqs(parts)
+        finally:
+            last_decode.update(s=time.perf_counter() - t0, captured=bool(engine._captured))
+
+    engine.ctx.decode_seqs = timed_decode
     # the planner's own verdict on each pass (its clock, timed, settled), and the pass's rows
     plan_depths, observe = engine._plan_depths, engine.planner.observe
     this_pass: dict = {}
@@ -74,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     def observed(depths, other_rows, seconds, timed=True, settled=True) -> None:
         kind = ("prompt" if this_pass["prompt"] else "after-prompt" if not timed
                 else "new-shape" if not settled else "settled")
-        passes.append((kind, this_pass["rows"], seconds))
+        passes.append((kind, this_pass["rows"], seconds, last_decode["s"], last_decode["captured"]))
         observe(depths, other_rows, seconds, timed=timed, settled=settled)
 
     engine._plan_depths, engine.planner.observe = recorded, observed
@@ -101,18 +122,14 @@ def main(argv: list[str] | None = None) -> int:
             passes.clear()
             refits.clear()
             engine._t_pass = time.perf_counter()  # the run's first pass is timed from its start
-            # 0c: a fixed plain depth that promises no plain stretch, so every step captures its row
-            promise = FixedDepth.plain_rounds_ahead
-            if d == "0c":
-                FixedDepth.plain_rounds_ahead = lambda self: 0
-            try:
-                summary, _ = in_a_thread(run_batched, engine, prompts,
-                                         GenerateOptions(n_predict=64, n_max=0 if d == "0c" else d), args.streams)
-            finally:
-                FixedDepth.plain_rounds_ahead = promise
+            # 0c: plain steps under a policy that promises no plain stretch, so that every step
+            # captures its row for the drafter (FixedDepth(0) runs without the drafter at all)
+            summary, _ = in_a_thread(run_batched, engine, prompts,
+                                     GenerateOptions(n_predict=64, n_max=CapturingPlain() if d == "0c" else d),
+                                     args.streams)
             kinds: dict[str, list] = collections.defaultdict(lambda: [0, 0.0])
             rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-            for kind, shape, sec in passes:
+            for kind, shape, sec, _, _ in passes:
                 kinds[kind][0] += 1
                 kinds[kind][1] += sec
                 if kind != "prompt":
@@ -122,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
                 "kinds": {k: {"passes": n, "ms": 1e3 * s, "ms_per_pass": 1e3 * s / n} for k, (n, s) in kinds.items()},
                 "rows_per_sequence": {k: dict(sorted(c.items())) for k, c in rows.items()},
                 **({"refits": list(refits)} if refits else {}),
-                **({"passes": [[kind, list(shape), round(1e3 * sec, 4)] for kind, shape, sec in passes]}
-                   if args.passes else {})})
+                **({"passes": [[kind, list(shape), round(1e3 * sec, 4), round(1e3 * dec, 4), captured]
+                                for kind, shape, sec, dec, captured in passes],
+                    "settled": settled_split(passes)} if args.passes else {})})
             for r in refits:
                 print(f"  refit: width {r['width']}, round {r['rounds']}, incumbent {r['incumbent']} -> "
                       f"{r['refit_best']}; cost ms {r['cost_ms']}; tokens {r['expected_tokens']}", flush=True)
@@ -131,9 +149,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {run + 1} depth {d}: {summary['aggregate']:.0f} tok/s; "
                   + ", ".join(f"{kind} {v['passes']} x {v['ms_per_pass']:.2f} ms" for kind, v in sorted(k.items())),
                   flush=True)
+            if args.passes:
+                sp = per_depth[str(d)][-1]["settled"]
+                print(f"  settled plain passes: {sp['passes']}, median ms {sp['ms']}, decode {sp['decode_ms']}, "
+                      f"rest {sp['rest_ms']}, captured {sp['captured_share']} (decode {sp['decode_ms_captured']} "
+                      f"captured, {sp['decode_ms_not_captured']} not)", flush=True)
     engine.close()
     if args.refits:
         PassDepth._refit = refit
+    if args.passes:  # the settled plain passes' medians over runs, run 1 (the probes) left out
+        for d, runs in per_depth.items():
+            later = [r["settled"] for r in runs[1:] or runs if r["settled"]["passes"]]
+            if later:
+                print(f"depth {d}, settled plain passes, median over runs 2-: "
+                      + ", ".join(f"{k} {statistics.median(x for r in later if (x := r[k]) is not None):.4f}"
+                                  for k in ("ms", "decode_ms", "rest_ms", "captured_share", "decode_ms_captured",
+                                            "decode_ms_not_captured")
+                                  if any(r[k] is not None for r in later)), flush=True)
     medians = {d: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
                    "ms_by_kind": {kind: statistics.median(r["kinds"].get(kind, {"ms": 0.0})["ms"] for r in runs)
                                   for kind in ("prompt", "after-prompt", "new-shape", "settled")}}
@@ -145,6 +177,21 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.json, {"command": command_line(__file__, argv), "threads": args.threads,
                                "streams": args.streams, "runs": args.runs, "medians": medians, "per_run": per_depth})
     return 0
+
+
+def settled_split(passes) -> dict:
+    """The settled plain passes of every sequence (one row each): how many, and the medians of
+    their wall time, their target decode's, and the rest, in ms; the share that captured."""
+    plain = [(sec, dec, captured) for kind, shape, sec, dec, captured in passes
+             if kind == "settled" and max(shape) == 1]
+    if not plain:
+        return {"passes": 0}
+    med = lambda xs: round(1e3 * statistics.median(xs), 4) if xs else None  # noqa: E731
+    return {"passes": len(plain), "ms": med([p[0] for p in plain]), "decode_ms": med([p[1] for p in plain]),
+            "rest_ms": med([p[0] - p[1] for p in plain]),
+            "captured_share": round(sum(p[2] for p in plain) / len(plain), 3),
+            "decode_ms_captured": med([p[1] for p in plain if p[2]]),
+            "decode_ms_not_captured": med([p[1] for p in plain if not p[2]])}
 
 
 if __name__ == "__main__":
