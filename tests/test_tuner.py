@@ -174,6 +174,31 @@ def test_recent_rounds_are_the_last_ones_timed():
     assert costs.recent(2, 1) is None and 2 not in costs.medians()
 
 
+@pytest.mark.parametrize("recent_rounds", [0, 3, 5])
+def test_medians_kept_sorted_are_the_medians_of_the_rounds(recent_rounds):
+    """The cost model keeps each ring sorted (and its last ``recent_rounds``) so that a median is
+    an index; through wraps, bands, repeated times and forgotten depths every median equals the
+    one sorting the rounds gives."""
+    rng = random.Random(recent_rounds)
+    costs, rounds = CostModel(4, window=7, recent_rounds=recent_rounds), {}
+    for step in range(3000):
+        band = rng.choice((1, 2))
+        costs.set_context(1 << (band * 4))
+        depth = rng.randrange(3)
+        if rng.random() < 0.01:
+            costs.forget(depth)
+            rounds.pop((depth, band), None)
+            continue
+        seconds = float(rng.randrange(1, 20))  # ties too
+        costs.add(depth, seconds)
+        rounds[depth, band] = (rounds.get((depth, band), []) + [seconds])[-7:]
+        kept = rounds[depth, band]
+        for n in range(1, 9):
+            expected = sorted(kept[-n:])[(n - 1) // 2] if n <= len(kept) else None
+            assert costs.recent(depth, n) == expected, (step, depth, n)
+        assert costs.medians()[depth] == sorted(kept)[(len(kept) - 1) // 2]
+
+
 class PaceDip(SimPair):
     """A shared machine whose pace drops by ``factor`` (every depth alike) from round ``start``
     until the tuner exploits a drafting depth: the worst time for it to recover."""

@@ -37,6 +37,8 @@ Rules:
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+
 #: Samples' worth of weight a cost projected from another context band gets (in the line, and
 #: against it): no round in this band stands behind it.
 PROJECTED_WEIGHT = 1
@@ -57,15 +59,22 @@ def context_band(n_past: int, doublings: int = 1) -> int:
 
 
 class CostModel:
-    def __init__(self, max_depth: int, window: int = 31, band_doublings: int = 1) -> None:
+    def __init__(self, max_depth: int, window: int = 31, band_doublings: int = 1, recent_rounds: int = 0) -> None:
+        """``recent_rounds``: a count of last rounds whose median :meth:`recent` gives without a
+        sort (the policy asks it of the incumbent every round)."""
         self.max_depth = max_depth
         self.window = window
         self.band_doublings = band_doublings
+        self.recent_rounds = recent_rounds if 0 < recent_rounds < window else 0
         self.band = 0  # the context band of the rounds now being timed
         self.cost: dict[int, float] = {}  # each depth's cost in the current band: own median or projected
         self._weight: dict[int, int] = {}  # the rounds behind each entry of ``cost``
         self._times: dict[tuple[int, int], list[float]] = {}  # recent round times per (depth, band), a ring
         self._ring_pos: dict[tuple[int, int], int] = {}
+        # the same times kept sorted, all of them and the last ``recent_rounds``, so that a median
+        # is an index (Python after a target's pass runs on cold caches: a sort a round showed)
+        self._sorted: dict[tuple[int, int], list[float]] = {}
+        self._sorted_recent: dict[tuple[int, int], list[float]] = {}
         self._median: dict[tuple[int, int], float] = {}
         self._dirty: set[tuple[int, int]] = set()
         self._stale = False  # whether ``cost`` must be rebuilt from ``_median``
@@ -83,11 +92,20 @@ class CostModel:
         """One timed round at ``depth`` (in the current context band)."""
         key = (depth, self.band)
         ring = self._times.setdefault(key, [])
-        if len(ring) < self.window:
+        ordered = self._sorted.setdefault(key, [])
+        n, pos = len(ring), self._ring_pos.get(key, 0)
+        if self.recent_rounds:  # the round that leaves the last recent_rounds: that many rounds back
+            last = self._sorted_recent.setdefault(key, [])
+            if n >= self.recent_rounds:
+                del last[bisect_left(last, ring[(pos if n == self.window else n) - self.recent_rounds])]
+            insort(last, seconds)
+        if n < self.window:
             ring.append(seconds)
         else:
-            ring[self._ring_pos.get(key, 0)] = seconds
-            self._ring_pos[key] = (self._ring_pos.get(key, 0) + 1) % self.window
+            del ordered[bisect_left(ordered, ring[pos])]
+            ring[pos] = seconds
+            self._ring_pos[key] = (pos + 1) % self.window
+        insort(ordered, seconds)
         self._dirty.add(key)
 
     def rounds_here(self, depth: int) -> int:
@@ -102,6 +120,10 @@ class CostModel:
         ring = self._times.get(key, [])
         if len(ring) < rounds or rounds <= 0:
             return None
+        if rounds == len(ring):
+            return self._sorted[key][(rounds - 1) // 2]
+        if rounds == self.recent_rounds:
+            return self._sorted_recent[key][(rounds - 1) // 2]
         if rounds < len(ring):
             pos = self._ring_pos.get(key, 0) if len(ring) == self.window else len(ring)
             ring = (ring[pos:] + ring[:pos])[-rounds:] if pos < len(ring) else ring[-rounds:]
@@ -110,7 +132,7 @@ class CostModel:
     def forget(self, depth: int) -> None:
         """Drop ``depth``'s rounds in the current band (they ran at another pace)."""
         key = (depth, self.band)
-        for store in (self._times, self._ring_pos, self._median):
+        for store in (self._times, self._ring_pos, self._median, self._sorted, self._sorted_recent):
             store.pop(key, None)
         self._dirty.discard(key)
         self._stale = True
@@ -120,7 +142,7 @@ class CostModel:
         if not self._dirty and not self._stale:
             return self.cost
         for key in self._dirty:
-            ring = sorted(self._times[key])
+            ring = self._sorted[key]
             self._median[key] = ring[(len(ring) - 1) // 2]
         self._dirty.clear()
         self._stale = False

@@ -180,7 +180,8 @@ class AutoDepth(DepthPolicy):
         self.max_depth = max_depth
         self.reach = 1 if graph_replay else EXPLOIT_REACH  # a wrong guess costs a GPU two switches
         self.accept = AcceptanceModel(max_depth, memory=memory, unseen_decay=unseen_decay)
-        self.costs = CostModel(max_depth, window=cost_window, band_doublings=3 if graph_replay else 1)
+        self.costs = CostModel(max_depth, window=cost_window, band_doublings=3 if graph_replay else 1,
+                               recent_rounds=RECENT_ROUNDS)
         self.min_evidence = min_evidence
         self.leave_z, self.look_z = leave_z, look_z
         self.window = window
