@@ -89,10 +89,10 @@ class AutoDepth(DepthPolicy):
       sets a depth's first cost. Plain decoding is the incumbent after the probes.
     * **Refit** every ``refit_every`` rounds (while plain decoding is best, only after an
       exploring visit, nothing else bringing news about drafting, or after a move of its own
-      cost, below): the best depth among those at
-      most EXPLOIT_REACH beyond the deepest timed one. It replaces the incumbent only when
-      ``switch_margin`` better; leaving plain decoding takes twice the margin, with acceptance
-      ``leave_z`` standard errors off (except at the first decision, which has only the probes).
+      cost, below): the best depth among those at most EXPLOIT_REACH beyond the deepest timed
+      one. It replaces the incumbent only when ``switch_margin`` better; leaving plain decoding
+      takes twice the margin, with acceptance ``leave_z`` standard errors off (except at the
+      first decision, which has only the probes).
     * **Explore**: every ``explore_every`` rounds a visit of ``visit_rounds`` rounds (the first
       untimed) goes to a neighbour of the best depth, in the order of ``explore_turns`` (offsets;
       None: plain decoding; depth 1's lower neighbour is plain decoding, and a turn past the
@@ -145,21 +145,20 @@ class AutoDepth(DepthPolicy):
       round, the other depths on visits, so a change of the incumbent's cost is the machine's
       pace (a shared host's moves by half within a minute) or its cost against the others' (the
       content, the context within a band), and only the others' rounds tell which. When the
-      median of the incumbent's last RECENT_ROUNDS rounds moves COST_MOVE off its cost, no
-      refit comes until its window has caught up (a median half of the old cost and half of the
-      new is neither); then a refit comes at once (from plain decoding too, with no exploring
-      visit: a visit costs several plain steps, and the budget decides when one is due), and
-      the refit's best or plain decoding, if some of its rounds ran before the move, is timed
-      afresh first (its rounds dropped, a visit
-      as long as a probe, the first round untimed; for plain decoding PLAIN_SETTLE rounds
-      untimed and the visit that much longer) and the choice waits for it. A cost that
-      drifts makes no such step, so the same holds for a depth whose rounds began while the
-      incumbent's cost (its window's median) was COST_MOVE off what it is now; and where the
-      refit's best has no rounds of its own (its cost is the line's), for the timed depths the
-      line goes through, nearest first. Otherwise a dip
-      in the pace while plain decoding led made drafting's older costs win, and after it plain
-      decoding kept the dip's cost, refreshed by one visit in seven: live, `auto` stayed at
-      depth 5 for six runs at about 0.72x plain decoding.
+      median of the incumbent's last RECENT_ROUNDS rounds moves COST_MOVE off its cost, no refit
+      comes until its window has caught up (a median half of the old cost and half of the new is
+      neither); then a refit comes at once (from plain decoding too, with no exploring visit: a
+      visit costs several plain steps, and the budget decides when one is due), and the refit's
+      best or plain decoding, if some of its rounds ran before the move, is timed afresh first
+      (its rounds dropped, a visit as long as a probe, the first round untimed; for plain
+      decoding PLAIN_SETTLE rounds untimed and the visit that much longer) and the choice waits
+      for it. A cost that drifts makes no such step, so the same holds for a depth whose rounds
+      began while the incumbent's cost (its window's median) was COST_MOVE off what it is now;
+      and where the refit's best has no rounds of its own (its cost is the line's), for the
+      timed depths the line goes through, nearest first. Otherwise a dip in the pace while plain
+      decoding led made drafting's older costs win, and after it plain decoding kept the dip's
+      cost, refreshed by one visit in seven: live, `auto` stayed at depth 5 for six runs at
+      about 0.72x plain decoding.
     """
 
     def __init__(self, max_depth: int, probe=(2, 4, 0), probe_rounds: int = 3,
