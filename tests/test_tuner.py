@@ -442,6 +442,25 @@ def test_on_a_graph_replaying_backend_switches_are_priced_apart_from_depths(seed
     assert run_replaying(AutoDepth(MAX_DEPTH), SimPair(PROSE, seed=seed), 40) < 0.96 * plain
 
 
+def test_on_a_graph_replaying_backend_a_move_of_the_pace_is_no_rule():
+    """Where graphs replay, a depth is timed afresh only at the price of two switches, so the rules
+    for a cost that moves (held refits, a refit at the catch-up, re-times) do not apply there:
+    the pace halving after 20 sequences never marks the incumbent's cost as moving."""
+    pair = PaceSteps(CODE, seed=1)
+    tuner = AutoDepth(MAX_DEPTH, graph_replay=True)
+    observe, moving = tuner.observe, []
+
+    def watched(*args) -> None:
+        observe(*args)
+        moving.append(tuner._moving)
+
+    tuner.observe = watched
+    run_replaying(tuner, pair, 20)
+    pair.factor = 0.5
+    run_replaying(tuner, pair, 20)
+    assert len(moving) > 900 and not any(moving)
+
+
 def test_on_a_graph_replaying_backend_a_refused_move_to_plain_decoding_does_not_hold_to_the_end():
     """A drafter that stops matching within a sequence (run 3 on an H200, the degraded drafter:
     222 drafting rounds where plain decoding was the faster). The acceptance model still carries
