@@ -262,16 +262,6 @@ def test_a_drift_in_the_machines_pace_does_not_move_auto_off_plain_decoding():
     assert min(shares) >= 0.95, shares
 
 
-class PaceSteps(SimPair):
-    """A shared machine whose pace multiplies every depth's cost by ``factor``."""
-
-    factor = 1.0
-
-    def play(self, k: int) -> tuple[int, float, float]:
-        n, t, catchup = super().play(k)
-        return n, t * self.factor, catchup * self.factor
-
-
 def test_a_faster_pace_brings_no_visit_to_drafting():
     """Plain decoding is best at any pace, and a visit to drafting costs several plain steps
     (their budget waits about 650 rounds). The pace quickens by 30% four times, 200 rounds
@@ -280,7 +270,8 @@ def test_a_faster_pace_brings_no_visit_to_drafting():
     catch-up started an exploring visit too (the refit from plain decoding waited for one):
     four visits in rounds 400-1,200 on every seed, now one, the budget's."""
     for seed in range(10):
-        pair = PaceSteps(PROSE, draft=3.0, seed=seed)
+        pair = PaceDip(PROSE, draft=3.0, seed=seed)
+        pair.dipping = True  # the pace's factor is set each round below
         tuner = AutoDepth(MAX_DEPTH)
         visits = []
         for r in range(1200):
@@ -446,7 +437,8 @@ def test_on_a_graph_replaying_backend_a_move_of_the_pace_is_no_rule():
     """Where graphs replay, a depth is timed afresh only at the price of two switches, so the rules
     for a cost that moves (held refits, a refit at the catch-up, re-times) do not apply there:
     the pace halving after 20 sequences never marks the incumbent's cost as moving."""
-    pair = PaceSteps(CODE, seed=1)
+    pair = PaceDip(CODE, factor=1.0, seed=1)
+    pair.dipping = True
     tuner = AutoDepth(MAX_DEPTH, graph_replay=True)
     observe, moving = tuner.observe, []
 
