@@ -517,11 +517,12 @@ class AutoDepth(DepthPolicy):
             self._schedule_after_exploring(depth, t_round, t_catchup)
         if self._timed:
             self.costs.add(depth, t_round)
-            self._timed_since.setdefault(depth, self.rounds)
-            if depth != self.best and depth not in self._priced_at:
-                self._priced_at[depth] = [self.best, self._own_cost(self.best)]
-            if depth == self.best and self.rounds >= self._probe_len and not self.graph_replay:
-                self._watch_the_incumbent()  # "A cost that moves" is not a rule where graphs replay
+            if not self.graph_replay:  # "A cost that moves" is not a rule where graphs replay
+                self._timed_since.setdefault(depth, self.rounds)
+                if depth != self.best and depth not in self._priced_at:
+                    self._priced_at[depth] = [self.best, self._own_cost(self.best)]
+                if depth == self.best and self.rounds >= self._probe_len:
+                    self._watch_the_incumbent()
 
     def _track_shape(self, depth: int, accepted: int, t_round: float) -> None:
         """Rounds since the last change of shape, and the time of the unsettled ones after a
