@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {run + 1} depth {d}: {summary['aggregate']:.0f} tok/s; "
                   + ", ".join(f"{kind} {v['passes']} x {v['ms_per_pass']:.2f} ms" for kind, v in sorted(k.items())),
                   flush=True)
-            if args.passes:
-                sp = per_depth[str(d)][-1]["settled"]
+            sp = per_depth[str(d)][-1].get("settled", {"passes": 0})
+            if sp["passes"]:  # none at a fixed drafting depth
                 print(f"  settled plain passes: {sp['passes']}, median ms {sp['ms']}, decode {sp['decode_ms']}, "
                       f"rest {sp['rest_ms']}, captured {sp['captured_share']} (decode {sp['decode_ms_captured']} "
                       f"captured, {sp['decode_ms_not_captured']} not)", flush=True)
