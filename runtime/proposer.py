@@ -13,7 +13,8 @@
    steps'), ``draft(bonus, k)`` (k proposals; ``draft_logits`` under an output constraint), the
    target verifies, then ``inject_captured(1 + n_accepted, n_past)``.
    A plain round inside a drafting sequence is wrapped in ``plain_step_begins(rounds_ahead)``
-   and ``plain_step_ends()`` (the row is queued for the next catch-up, or skipped).
+   and ``plain_step_ends()`` (the row is queued for the next catch-up, or skipped); the
+   ``unread_steps(rounds_ahead)`` after it may run unwrapped, told at once by ``skip_steps(n)``.
 5. ``close()``.
 
 Positions are the target's: the drafter's context row p is the target's hidden state at p.
@@ -70,6 +71,13 @@ class Proposer(Protocol):
     def plain_step_begins(self, plain_rounds_ahead: int) -> None: ...
 
     def plain_step_ends(self) -> None: ...
+
+    def unread_steps(self, plain_rounds_ahead: int) -> int:
+        """How many plain steps after this one (``plain_rounds_ahead`` promised after it) read
+        no row: they may run unwrapped and be told with ``skip_steps``."""
+
+    def skip_steps(self, n: int) -> None:
+        """``n`` plain steps that ran unwrapped (``unread_steps``)."""
 
     def catch_up(self, next_query: int) -> bool:
         """Inject the queued rows of the plain steps before a draft; whether there were any."""

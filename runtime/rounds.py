@@ -120,6 +120,7 @@ def generation(host: SequenceHost, prompt_tokens: list[int], opts: GenerateOptio
     emitted = [bonus]
     stop_reason = "length"
     cutter = TextCutter(opts.stop)
+    stretch_left = 0  # plain steps of a stretch still to run without asking (plain_stretch)
 
     rec.generation_begins()
     while True:
@@ -138,23 +139,36 @@ def generation(host: SequenceHost, prompt_tokens: list[int], opts: GenerateOptio
             texts.append(text)
         if reason is not None:
             stop_reason = reason
+            if rec.stretch:  # it ends within a plain stretch
+                drafter.skip_steps(rec.stretch_ends())
             break
         rec.mark("host")
-        policy.context(n_past)
-        depth = min(policy.choose(), opts.n_predict - len(out) - 1, ctx.n_ctx - n_past - 2)
+        in_stretch = stretch_left > 0
+        if in_stretch:
+            depth = 0
+            stretch_left -= 1
+        else:
+            policy.context(n_past)
+            depth = min(policy.choose(), opts.n_predict - len(out) - 1, ctx.n_ctx - n_past - 2)
         rec.mark("policy")
 
         if drafter is None or depth <= 0:
             # ---- plain step (the drafter reads its row at its next draft, or never)
-            if drafter is not None:
-                drafter.plain_step_begins(policy.plain_rounds_ahead())
+            if drafter is not None and not in_stretch:
+                ahead = policy.plain_rounds_ahead()
+                drafter.plain_step_begins(ahead)
+                # the plain steps after it that neither the policy nor the drafter need to see
+                # one by one: asked about, each costs a short pass several percent
+                stretch_left = min(policy.plain_stretch(n_past), drafter.unread_steps(ahead))
             rec.mark("host")
             yield Rows([bonus], n_past)
             rec.mark("verify")
-            if drafter is not None:
+            if drafter is not None and not in_stretch:
                 drafter.plain_step_ends()
             nxt = sampler.sample(ctx.logits_view(0), history[-sampler.history_len:] if sampler.history_len else ())
-            rec.round_ends(0, 0, bonus, [], nxt, n_past, n_past + 1)
+            rec.round_ends(0, 0, bonus, [], nxt, n_past, n_past + 1, stretch=in_stretch)
+            if in_stretch and not stretch_left:
+                drafter.skip_steps(rec.stretch_ends())
             n_past, emitted, bonus = n_past + 1, [nxt], nxt
             continue
 

@@ -87,7 +87,8 @@ class Recorder:
     """The timing and tracing around the round loop. The loop marks where each phase ends;
     the time since the previous mark goes to that phase's total in Stats ("host" to none:
     Stats.t_host is what the others leave). At a round's end the depth policy is told the
-    round's wall time (from round_begins, catch-up apart) and the trace gets one record."""
+    round's wall time (from round_begins, catch-up apart; a plain stretch's rounds together at
+    its end) and the trace gets one record."""
 
     _FIELDS = {"draft": "t_draft", "catchup": "t_draft", "verify": "t_verify", "policy": "t_policy"}
 
@@ -95,6 +96,7 @@ class Recorder:
         self.stats, self.policy, self.trace = stats, policy, trace
         self.totals = dict.fromkeys(("draft", "catchup", "verify", "policy", "host"), 0.0)
         self.clock = time.perf_counter
+        self.stretch: list[float] = []  # the times of a plain stretch's rounds not yet told
 
     def generation_begins(self) -> None:
         self.t_start = self.clock()
@@ -109,10 +111,14 @@ class Recorder:
         self.last = now
 
     def round_ends(self, depth: int, n_acc: int, bonus: int, drafts: list[int], nxt: int, pos: int,
-                   n_past: int) -> None:
+                   n_past: int, stretch: bool = False) -> None:
+        """``stretch``: a plain round of a stretch the policy allowed (plain_stretch), kept
+        until :meth:`stretch_ends` tells it the stretch's rounds together."""
         now = self.clock()
         self.totals["host"] += now - self.last
-        if depth:
+        if stretch:
+            self.stretch.append(now - self.t_round)
+        elif depth:
             catchup = self.totals["catchup"] - self.t_catchup
             self.policy.observe(depth, n_acc, now - self.t_round - catchup, catchup)
         else:
@@ -124,6 +130,17 @@ class Recorder:
             self.trace({"round": self.stats.rounds, "pos": pos, "depth": depth, "bonus": int(bonus),
                         "drafted": [int(d) for d in drafts], "accepted": n_acc, "next": int(nxt),
                         "n_past": n_past, **self.policy.decision()})
+
+    def stretch_ends(self) -> int:
+        """Tell the policy the kept stretch's rounds; how many there were."""
+        n = len(self.stretch)
+        if n:
+            t0 = self.clock()
+            self.policy.observe_plain_stretch(self.stretch)
+            self.stretch = []
+            self.last = self.clock()
+            self.totals["policy"] += self.last - t0
+        return n
 
     def generation_ends(self, n_generated: int) -> None:
         s = self.stats

@@ -212,6 +212,79 @@ def test_after_a_promised_stretch_the_drafter_reads_only_the_capture_horizon(tar
         assert read == [8]
 
 
+class StretchingPlainThenDraft(DepthPolicy):
+    """Plain steps for the first ``n_plain`` rounds, honest about them, in stretches of up to
+    ``stretch`` rounds told together (as ``--n-max auto`` allows where plain decoding leads);
+    then depth 4. Keeps how it was told of each round."""
+
+    def __init__(self, n_plain: int, stretch: int):
+        self.n_plain, self.stretch = n_plain, stretch
+        self.told: list[int] = []  # per round: its depth, as told
+        self.stretches: list[int] = []  # the rounds of each stretch told together
+        self.asked = 0  # choices asked
+
+    def choose(self) -> int:
+        self.asked += 1
+        return 0 if len(self.told) < self.n_plain else 4
+
+    def plain_rounds_ahead(self) -> int:
+        return max(0, self.n_plain - len(self.told) - 1)
+
+    def plain_stretch(self, n_past: int) -> int:
+        return self.stretch
+
+    def observe(self, depth: int, accepted: int, t_round: float, t_catchup: float = 0.0) -> None:
+        self.told.append(depth)
+
+    def observe_plain_stretch(self, times: list[float]) -> None:
+        assert all(t > 0 for t in times)
+        self.stretches.append(len(times))
+        self.told += [0] * len(times)
+
+
+def test_plain_stretches_run_without_asking_and_draft_as_round_by_round(target, drafter_gguf):
+    """Where the policy allows it, the rounds of a promised plain stretch run without asking
+    it and without the drafter's per-step bookkeeping, and are told together. The output is
+    plain greedy's, the drafts afterwards are those of a drafter told of every step, capture
+    switches as with round-by-round promises, and the policy hears of every round once."""
+    with engine_for(target, drafter_gguf) as eng:
+        ref = eng.generate(PROMPT, GenerateOptions(n_predict=4 * WINDOW, n_max=0)).tokens
+        stretching = StretchingPlainThenDraft(3 * WINDOW, 5)
+        drafts, switches = stretch_runs(eng, ref, {"stretches": (stretching, False),
+                                                   "every step": (PlainThenDraft(3 * WINDOW, False), False)})
+    assert drafts["stretches"] and drafts["stretches"] == drafts["every step"]
+    assert switches["stretches"] == [True, False, True]
+    # the stretches end where the drafter reads rows again: the last capture_horizon plain steps
+    assert stretching.stretches and set(stretching.stretches) == {5}
+    assert sum(stretching.stretches) == 3 * WINDOW - WINDOW - len(stretching.stretches)
+    rounds = len(stretching.told)
+    # (the last round may be cut to a plain step by n_predict)
+    assert stretching.told[:3 * WINDOW] == [0] * (3 * WINDOW) and 0 not in stretching.told[3 * WINDOW:-1]
+    assert stretching.asked == rounds - sum(stretching.stretches)
+
+
+def test_a_sequence_that_ends_within_a_plain_stretch_tells_it_and_keeps_the_drafter_in_step(target, drafter_gguf):
+    """A sequence that stops inside a stretch tells the policy its rounds and skips their
+    rows in the drafter, so the next sequence, reusing the prompt cache, drafts as after a
+    round-by-round run and gives plain greedy's tokens."""
+    n_predict = 2 * WINDOW + 3  # inside a stretch of 7 after the first round
+    runs = {}
+    for stretch in (0, 7):
+        with engine_for(target, drafter_gguf) as eng:
+            first = StretchingPlainThenDraft(1 << 20, stretch)
+            out = eng.generate(PROMPT, GenerateOptions(n_predict=n_predict, n_max=first))
+            assert len(first.told) == out.stats.rounds
+            held = eng.drafter.n_context + eng.drafter.n_pending
+            second, seen = PROMPT + out.tokens + PROMPT[:5], []
+            again = eng.generate(second, GenerateOptions(n_predict=40, n_max=4,
+                                                         trace=lambda r: seen.append(r["drafted"])))
+            plain = eng.generate(second, GenerateOptions(n_predict=40, n_max=0)).tokens
+            runs[stretch] = (out.tokens, held, again.tokens, seen, first.stretches)
+    assert runs[7][4] and runs[7][4][-1] < 7  # it did end within a stretch
+    assert runs[7][:4] == runs[0][:4]
+    assert runs[7][2] == plain
+
+
 class FirstContext(PlainThenDraft):
     """PlainThenDraft that notes, before the first round, the rows the drafter has read
     (``n_context``) and those it holds queued."""

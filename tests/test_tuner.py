@@ -7,6 +7,8 @@ import random
 import pytest
 
 from laguna_dflash.runtime.tuner import EXPLOIT_REACH, AutoDepth, CostModel, FixedDepth
+from laguna_dflash.runtime.tuner.costs import context_band
+from laguna_dflash.runtime.tuner.policy import STRETCH_ROUNDS
 
 MAX_DEPTH = 15
 
@@ -336,6 +338,77 @@ def test_once_plain_decoding_is_clearly_best_visits_are_two_windows_apart():
         assert tuner.best == 0
         ahead[window] = sum(1 for p in promised[500:] if p >= 64) / len(promised[500:])
     assert ahead[64] >= 0.45 > ahead[0]
+
+
+def run_as_the_engine(tuner, pair: SimPair, rounds: int, n_past: int, stretches: list | None) -> list[int]:
+    """Rounds as runtime/rounds.py drives them, each round's context told; with ``stretches``
+    (a list, filled with each stretch's length) the plain stretches the tuner allows run
+    without asking and are told together, as the engine does; the depths played."""
+    depths, left, times = [], 0, []
+    while len(depths) < rounds:
+        in_stretch = left > 0
+        if in_stretch:
+            k, left = 0, left - 1
+        else:
+            tuner.context(n_past)
+            k = tuner.choose()
+            if k == 0 and stretches is not None:
+                left = tuner.plain_stretch(n_past)
+                if left:
+                    stretches.append(left)
+                    # no choice in it would ask for anything but a plain step of this band
+                    assert left <= min(tuner.plain_rounds_ahead(), STRETCH_ROUNDS)
+                    assert context_band(n_past + left) == tuner.costs.band
+        acc, t, catchup = pair.play(k)
+        if in_stretch:
+            times.append(t)
+            if not left:
+                tuner.observe_plain_stretch(times)
+                times = []
+        else:
+            tuner.observe(k, acc, t, catchup)
+        depths.append(k)
+        n_past += acc + 1
+    if times:  # the run ended within a stretch
+        tuner.observe_plain_stretch(times)
+    return depths
+
+
+def test_plain_stretches_told_together_change_no_choice():
+    """Where plain decoding leads, the engine runs the rounds before the next visit without
+    asking (each ask costs a short pass several percent of host work) and tells their times
+    together. On a steady clock the tuner then makes every choice as when told round by round,
+    through the probes, visits and five context bands (100 to 2,000 positions), and ends in the
+    same state."""
+    for seed in range(3):
+        ran = {}
+        for told in ("round by round", "in stretches"):
+            stretches = [] if told == "in stretches" else None
+            tuner = AutoDepth(MAX_DEPTH, window=64)
+            depths = run_as_the_engine(tuner, SimPair(PROSE, seed=seed), 1800, 100, stretches)
+            ran[told] = (depths, tuner.rounds, tuner.chosen, tuner.best, tuner.next_explore, tuner.describe())
+        assert ran["in stretches"] == ran["round by round"]
+        assert sum(stretches) >= 600, sum(stretches)  # most of the plain rounds past the probes
+
+
+def test_no_plain_stretch_while_probing_drafting_or_replaying_graphs():
+    """A stretch is only plain decoding as the incumbent's exploiting round: not a probe, not a
+    drafting incumbent, not a backend that replays graphs (whose first rounds after a change
+    are untimed, which only asking tells)."""
+    tuner = AutoDepth(MAX_DEPTH, window=64)
+    pair = SimPair(CODE)
+    for _ in range(200):
+        k = tuner.choose()
+        assert tuner.plain_stretch(100) == 0 or (k == 0 and tuner.best == 0 and not tuner.probing)
+        tuner.observe(k, *pair.play(k))
+    assert tuner.best > 0
+    replaying = AutoDepth(MAX_DEPTH, window=64, graph_replay=True)
+    pair = SimPair(PROSE)
+    for _ in range(400):
+        k = replaying.choose()
+        assert replaying.plain_stretch(100) == 0
+        replaying.observe(k, *pair.play(k))
+    assert replaying.best == 0
 
 
 def first_visit_rounds(tuner: AutoDepth, pair: SimPair, rounds: int) -> list[tuple[int, int]]:

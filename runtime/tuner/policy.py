@@ -36,6 +36,10 @@ RECENT_ROUNDS = 15
 #: one thread: 1.85 ms the 2nd and 3rd after it against 1.13 ms from the 4th on), so plain
 #: decoding timed afresh from a drafting depth leaves this many rounds untimed first.
 PLAIN_SETTLE = 3
+#: The most rounds of a promised plain stretch the engine runs before telling the policy of them
+#: (:meth:`DepthPolicy.plain_stretch`): the incumbent's watch sees a move of the pace at most this
+#: many rounds late.
+STRETCH_ROUNDS = 16
 
 
 class DepthPolicy:
@@ -55,6 +59,20 @@ class DepthPolicy:
     def plain_rounds_ahead(self) -> int:
         """How many rounds after this one are certain to be plain decoding steps."""
         return 0
+
+    def plain_stretch(self, n_past: int, per_round: int = 1) -> int:
+        """Right after :meth:`choose` gave a plain step at context ``n_past``: how many rounds
+        after it the engine may run as plain steps without asking (no ``context``, no
+        ``choose``), telling the policy of them together afterwards with
+        :meth:`observe_plain_stretch` (0: ask every round). Each round adds ``per_round``
+        positions to the context."""
+        return 0
+
+    def observe_plain_stretch(self, times: list[float]) -> None:
+        """The rounds of a stretch :meth:`plain_stretch` allowed, one time each: as a
+        ``choose`` that gave a plain step and its ``observe``, round by round."""
+        for t in times:
+            self.observe(0, 0, t)
 
     def decision(self) -> dict:
         """Why the last depth was chosen (recorded in --trace)."""
@@ -159,6 +177,13 @@ class AutoDepth(DepthPolicy):
       decoding led made drafting's older costs win, and after it plain decoding kept the dip's
       cost, refreshed by one visit in seven: live, `auto` stayed at depth 5 for six runs at
       about 0.72x plain decoding.
+    * **A promised plain stretch** (not on a backend that replays graphs): while plain decoding
+      leads, the rounds before the next exploring visit within the context band are plain
+      whatever their times, so :meth:`plain_stretch` lets the engine run up to STRETCH_ROUNDS of
+      them without asking and tell their times together; the policy then runs each one's
+      ``observe`` as it would have, and only the incumbent's watch (a catch-up's refit) comes up
+      to that many rounds late. Asking costs a one-stream pass of the tiny pair on a 2-core
+      CPU several percent: Python after a target pass runs on cold caches.
     """
 
     def __init__(self, max_depth: int, probe=(2, 4, 0), probe_rounds: int = 3,
@@ -495,6 +520,23 @@ class AutoDepth(DepthPolicy):
         if self.best != 0 or self._visit is not None or self.rounds < self._probe_len:
             return 0
         return max(0, self.next_explore - self.rounds - 1)
+
+    def plain_stretch(self, n_past: int, per_round: int = 1) -> int:
+        if self.graph_replay or self._chose != 0 or self._decision.get("why") != "exploit" or self._refit_due:
+            return 0
+        # the rounds before the next exploring visit (plain_rounds_ahead) that stay in this
+        # context band (a caller that never tells the context has one band): no choice among
+        # them turns on their times but the incumbent's watch, which sees them together
+        n = min(self.plain_rounds_ahead(), STRETCH_ROUNDS)
+        if self._context_known:
+            band_end = 1 << ((self.costs.band_of(n_past) + 1) * self.costs.band_doublings - 1)
+            n = min(n, (band_end - n_past - 1) // per_round)
+        return max(0, n)
+
+    def observe_plain_stretch(self, times: list[float]) -> None:
+        self.chosen[0] += len(times)
+        for t in times:
+            self.observe(0, 0, t)
 
     def _explore_depth(self) -> int:
         if self.best == 0:

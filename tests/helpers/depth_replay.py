@@ -136,14 +136,23 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
             since_change = 0  # the prefill ran another batch shape
         policy.sequence_begins()
         seconds_before = res.seconds
+        stretch_left, stretch = 0, []  # as in the engine: a plain stretch's rounds, told together
         while n_out < rec.n_predict:
-            if prompt_tokens:
-                policy.context(prompt_tokens[n_prompt] + n_out - 1)
-            depth = min(policy.choose(), rec.n_predict - n_out - 1)
+            n_past = (prompt_tokens[n_prompt] if prompt_tokens else 0) + n_out - 1
+            in_stretch = stretch_left > 0
+            if in_stretch:
+                depth, stretch_left = 0, stretch_left - 1
+            else:
+                if prompt_tokens:
+                    policy.context(n_past)
+                depth = min(policy.choose(), rec.n_predict - n_out - 1)
             # as in the engine: a plain step promised to be followed by more plain steps than
             # the drafter reads back does not read its row or leave it for a catch-up; where
             # the backend does not replay graphs, it does not capture it either
-            skip = depth == 0 and policy.plain_rounds_ahead() >= rec.horizon
+            ahead = 0 if in_stretch or depth else policy.plain_rounds_ahead()
+            skip = depth == 0 and (in_stretch or ahead >= rec.horizon)
+            if depth == 0 and not in_stretch and ahead >= rec.horizon:
+                stretch_left = min(policy.plain_stretch(n_past), int(ahead - rec.horizon))
             t = rec.plain_skip_s if skip and not rec.graph_replay else rec.round_s[depth]
             if noise:
                 # inverse-CDF draw between the recorded quantiles of round time / median
@@ -170,13 +179,21 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
                 if pending:
                     catchup = rec.catchup_s + rec.catchup_per_row_s * min(pending, rec.horizon)
                 pending = 0
-            policy.observe(depth, accepted, t, catchup)
+            if in_stretch:
+                stretch.append(t)
+                if not stretch_left:
+                    policy.observe_plain_stretch(stretch)
+                    stretch = []
+            else:
+                policy.observe(depth, accepted, t, catchup)
             res.depths.append(depth)
             res.why.append(policy.decision().get("why", ""))
             res.rounds += 1
             res.seconds += t + catchup
             n_out += accepted + 1
             last_depth = depth
+        if stretch:  # the sequence ended within a plain stretch
+            policy.observe_plain_stretch(stretch)
         res.tokens += n_out
         res.prompt_seconds.append(res.seconds - seconds_before)
     return res
