@@ -197,6 +197,9 @@ class BatchEngine:
         self._t_pass = 0.0  # when the last pass's decode ended: a pass is timed from there to its own end
         self._after_prompt = False  # whether the last pass was a prompt's
         self._last_shape: tuple = ()  # the last pass's rows per sequence and captured layers
+        self._stretch_left = 0  # passes of a plain stretch still to run without the planner
+        self._stretch_slots: tuple[int, ...] = ()  # its sequences
+        self._stretch: list[float] = []  # its passes' times, told to the planner at its end
         self._order = itertools.count()
         self.slots: list[_Slot] = []
         try:
@@ -411,6 +414,18 @@ class BatchEngine:
         graph for it unless it kept one of that shape (a CPU context keeps four, patch 0038), so
         a depth timed there would look dearer than it runs."""
         now = time.perf_counter()
+        if self._stretch_left:
+            held = self._stretch_holds(rnd)
+            if held:  # one of the stretch's passes: told at its end
+                self._stretch.append(now - self._t_pass)
+                self._t_pass = now
+                self._stretch_left -= 1
+                if self._stretch_left:
+                    return  # the plan stands: plain steps again
+            self._end_stretch()
+            if held:
+                self._plan_next(rnd)
+                return
         prefill = any(s.rows.prompt for s, _, _ in rnd.parts)
         decoded = {s.index: len(tokens) - 1 for s, tokens, _ in rnd.parts if not s.rows.prompt and s.auto}
         other_rows = sum(len(tokens) for s, tokens, _ in rnd.parts if not s.rows.prompt and not s.auto)
@@ -418,6 +433,9 @@ class BatchEngine:
         self.planner.observe(decoded, other_rows, now - self._t_pass, timed=not (prefill or self._after_prompt),
                              settled=shape == self._last_shape)
         self._t_pass, self._after_prompt, self._last_shape = now, prefill, shape
+        self._plan_next(rnd)
+
+    def _plan_next(self, rnd: _Round) -> None:
         ending = {s.index for s, tokens, _ in rnd.parts if s.rows.prompt and len(tokens) == len(s.rows.tokens)}
         next_pass = [s for s in self.slots if s.run is not None and (not s.rows.prompt or s.index in ending)]
         deepest = self._deepest(len(next_pass))
@@ -427,8 +445,27 @@ class BatchEngine:
         fixed_rows = sum(1 + (min(s.opts.n_max, deepest) if s.drafter is not None and isinstance(s.opts.n_max, int)
                               else 0) for s in next_pass if not s.auto)
         context = sum(s.rows.pos0 + len(s.rows.tokens) for s in participants)
-        self.planner.plan([s.index for s in participants], fixed_rows, context, deepest,
-                          begins=any(s.index in ending for s in participants))
+        depths = self.planner.plan([s.index for s in participants], fixed_rows, context, deepest,
+                                   begins=any(s.index in ending for s in participants))
+        if (participants and self.planner.current is not None and not any(depths) and not ending
+                and len(participants) == sum(s.run is not None for s in self.slots)):
+            # a plain stretch: the passes after this one run without the planner (a plan and an
+            # observe cost a short pass several percent) while its sequences alone decode, none
+            # reading its rows; the first of them is this planned one
+            ahead = self.planner.current.plain_rounds_ahead()
+            stretch = min(self.planner.plain_stretch(context), *(s.drafter.unread_steps(ahead) for s in participants))
+            self._stretch_left = stretch + 1 if stretch else 0
+            self._stretch_slots = tuple(s.index for s in participants)
+
+    def _stretch_holds(self, rnd: _Round) -> bool:
+        """Whether the pass just run was the stretch's: its sequences' plain steps alone, no
+        other sequence running (a prompt waiting), and of the last pass's shape (settled)."""
+        if tuple(s.index for s, _, _ in rnd.parts) != self._stretch_slots:
+            return False
+        if any(len(tokens) != 1 or s.rows.prompt for s, tokens, _ in rnd.parts):
+            return False
+        return (sum(s.run is not None for s in self.slots) == len(rnd.parts)
+                and self._last_shape == ((1,) * len(rnd.parts), frozenset(self._captured)))
 
     def _switch_capture(self, rnd: _Round) -> None:
         """The target captures the layers any sequence of this round wants; switched only on a
@@ -440,8 +477,14 @@ class BatchEngine:
             self.ctx.set_capture(slot, slot in want)
         self._captured = want
 
+    def _end_stretch(self) -> None:
+        self.planner.stretch_ends(self._stretch)
+        self._stretch, self._stretch_left = [], 0
+
     def _end(self, s: _Slot, fin: Finished) -> Finished:
         s.run = s.rows = None
+        if self._stretch_left:  # its passes are told now: the next may be the engine's last for a while
+            self._end_stretch()
         return fin
 
     def generate_all(self, prompts: list, options: GenerateOptions | list[GenerateOptions] | None = None

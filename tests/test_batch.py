@@ -21,6 +21,7 @@ from laguna_dflash.runtime.engine import EngineConfig, GenerateOptions
 from laguna_dflash.runtime.lanes import LanedEngine, default_lanes, lane_threads
 from laguna_dflash.runtime.open_pair import resolve_pair
 from laguna_dflash.runtime.sampling import SamplingParams
+from laguna_dflash.runtime.tuner.batch import BatchPlanner
 
 PROMPTS = assets.read_prompts(assets.CODE_PROMPTS)
 CONFIG = dict(n_ctx=512, n_threads=1, kv_type="f16", prompt_cache=False)
@@ -243,6 +244,79 @@ def test_a_pass_of_a_new_shape_is_a_round_but_not_a_cost(pair, monkeypatch):
     decoding = [(now, last, settled) for now, last, timed, settled in observed if timed]
     assert any(not settled for *_, settled in decoding) and any(settled for *_, settled in decoding)
     assert all(settled == (now == last) for now, last, settled in decoding)
+
+
+class _PlainPass:
+    """A pass planner's view where plain decoding leads, far from its next visit."""
+
+    def plain_rounds_ahead(self) -> int:
+        return 1 << 20
+
+    def decision(self) -> dict:
+        return {"why": "exploit", "depth": 0}
+
+
+class PlainStretchPlanner(BatchPlanner):
+    """Plans plain steps for every pass and lets 3 passes after each planned one run without a
+    plan; logs each decode, observe and stretch in order."""
+
+    def __init__(self, engine, log: list) -> None:
+        super().__init__(engine.pair.max_draft, engine.pair.drafter.sliding_window)
+        self.log = log
+
+    def plan(self, participants, other_rows, context, deepest=None, begins=False) -> list[int]:
+        for i in participants:
+            self.slot(i).planned = 0
+        self.current = _PlainPass() if participants else None
+        self._planned = (tuple(sorted(participants)), other_rows) if participants else None
+        self.log.append(("plan", tuple(sorted(participants))))
+        return [0] * len(participants)
+
+    def observe(self, depths, other_rows, seconds, timed=True, settled=True) -> None:
+        self.log.append(("observe",))
+
+    def plain_stretch(self, context: int) -> int:
+        return 3
+
+    def stretch_ends(self, seconds: list[float]) -> None:
+        assert all(t > 0 for t in seconds)
+        self.log.append(("stretch", len(seconds)))
+
+
+def test_a_plain_stretch_runs_passes_without_the_planner_and_tells_each_once(pair, monkeypatch):
+    """Where the planner allows it, the passes after a planned plain one run without a plan
+    while its sequences alone decode: the planner hears of each pass once (observed, or in a
+    stretch told at its end), a stretch holds only settled plain passes of its sequences, and
+    is cut short by a prompt or a sequence's end. Every output equals plain decoding's alone."""
+    from laguna_dflash.runtime import llama
+
+    prompts = [PROMPTS[i][:60] for i in range(5)]
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=1) as engine:
+        want = [engine.generate_all([p], GenerateOptions(n_predict=n, n_max=0))[0].tokens
+                for p, n in zip(prompts, (30, 18, 25, 40, 12))]
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=2) as engine:
+        log: list = []
+        planner = engine.planner = PlainStretchPlanner(engine, log)
+        for s in engine.slots:
+            s.planner = planner
+        real_decode = llama.Context.decode_seqs
+        monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: log.append(
+            ("pass", tuple(seq for seq, *_ in parts), tuple(len(t) for _, t, _, _ in parts))) or real_decode(self, parts))
+        got = engine.generate_all(prompts, [GenerateOptions(n_predict=n, n_max="auto") for n in (30, 18, 25, 40, 12)])
+    assert [g.tokens for g in got] == want
+    passes = [e for e in log if e[0] == "pass"]
+    told = sum(1 for e in log if e[0] == "observe") + sum(e[1] for e in log if e[0] == "stretch")
+    assert told == len(passes)
+    stretches = [e[1] for e in log if e[0] == "stretch"]
+    assert stretches and max(stretches) == 4 and min(stretches) < 4  # 1 + 3; some cut short
+    # each stretch's passes: the planned sequences' plain steps, no prompt among them, in a row
+    i = 0
+    for j, e in enumerate(log):
+        if e[0] == "plan":
+            plan, i = e[1], j
+        if e[0] == "stretch":
+            held = [p for p in log[i + 1:j] if p[0] == "pass"][:e[1]]
+            assert len(held) == e[1] and all(p[1] == plan and set(p[2]) == {1} for p in held), (plan, held)
 
 
 def test_on_a_gpu_the_batched_engine_keeps_capture_on_and_plans_for_replayed_graphs(pair, monkeypatch):

@@ -105,6 +105,29 @@ def _time_four_where_plain_is_best(planner: BatchPlanner) -> None:
         planner.observe(dict(zip(four, depths)), 0, 0.004 + 0.0035 * depths[0])
 
 
+def test_a_plain_stretch_of_a_pass_counts_each_sequences_positions():
+    """Where plain decoding leads a pass of four, the planner lets the passes before the next
+    visit run without a plan, within the context band of the pass: each pass adds a position to
+    each of its sequences (four here), so 40 positions below the band's end (512) leave 9
+    passes. The planned pass and its stretch told together leave the pass's planner as when
+    told one by one."""
+    planner = BatchPlanner(max_depth=8)
+    _time_four_where_plain_is_best(planner)
+    four, pd = [0, 1, 2, 3], planner.passes[(4, 0)]
+    for _ in range(400):
+        depths = planner.plan(four, other_rows=0, context=512 - 40)
+        if depths == [0] * 4 and pd.plain_rounds_ahead() >= 20:
+            break
+        planner.observe(dict(zip(four, depths)), 0, 0.004 + 0.0035 * depths[0])
+    assert depths == [0] * 4 and pd.plain_rounds_ahead() >= 20
+    assert planner.plain_stretch(512 - 40) == 9
+    assert planner.plain_stretch(400) == min(16, pd.plain_rounds_ahead())  # STRETCH_ROUNDS
+    rounds, chosen = pd.rounds, dict(pd.chosen)
+    planner.stretch_ends([0.004] * 10)
+    assert pd.rounds == rounds + 10 and pd.chosen[0] == chosen[0] + 9  # the planned pass chose once
+    assert pd.costs.recent(0, 10) == pytest.approx(0.004)
+
+
 def _plan_three_untimed(planner: BatchPlanner) -> list[int]:
     """40 passes of three sequences, none timed (each follows a prompt's pass): their depths."""
     three = []

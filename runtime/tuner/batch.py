@@ -190,6 +190,22 @@ class BatchPlanner:
                 pd.costs.add(depth, cost * pd.n / near.n)
         pd.start_at(min(near.best, pd.max_depth))
 
+    def plain_stretch(self, context: int) -> int:
+        """After a plan of plain steps for its sequences alone: how many passes after the planned
+        one may run as plain steps without a plan (AutoDepth.plain_stretch; each pass adds a
+        position to each sequence). Their times and the planned one's go to :meth:`stretch_ends`."""
+        pd = self.current
+        return pd.plain_stretch(context, per_round=pd.n) if pd is not None and self._planned else 0
+
+    def stretch_ends(self, seconds: list[float]) -> None:
+        """The planned pass and those of its stretch ran, in ``seconds`` each (a stretch cut
+        short: fewer), settled plain passes of the planned sequences."""
+        pd = self.current
+        if pd is None or not seconds:
+            return
+        pd.observe(0, 0, seconds[0])
+        pd.observe_plain_stretch(seconds[1:])
+
     def observe(self, depths: dict[int, int], other_rows: int, seconds: float, timed: bool = True,
                 settled: bool = True) -> None:
         """The pass of the last plan ran: ``depths`` per participating sequence as decoded (a
