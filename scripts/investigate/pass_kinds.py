@@ -90,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     def recorded(rnd) -> None:
         this_pass.update(prompt=any(s.rows.prompt for s, _, _ in rnd.parts),
                          rows=tuple(len(t) for _, t, _ in rnd.parts))
+        if engine._stretch_left and engine._stretch_holds(rnd):
+            # a pass of a plain stretch: the planner hears of it only at the stretch's end, so
+            # it is kept here, on the planner's clock read just before the engine reads it
+            passes.append(("settled", this_pass["rows"], time.perf_counter() - engine._t_pass,
+                           last_decode["s"], last_decode["captured"]))
         plan_depths(rnd)
 
     def observed(depths, other_rows, seconds, timed=True, settled=True) -> None:
