@@ -197,9 +197,7 @@ class BatchEngine:
         self._t_pass = 0.0  # when the last pass's decode ended: a pass is timed from there to its own end
         self._after_prompt = False  # whether the last pass was a prompt's
         self._last_shape: tuple = ()  # the last pass's rows per sequence and captured layers
-        self._stretch_left = 0  # passes of a plain stretch still to run without the planner
-        self._stretch_slots: tuple[int, ...] = ()  # its sequences
-        self._stretch: list[float] = []  # its passes' times, told to the planner at its end
+        self._stretch: list[float] = []  # the planner's plain stretch: its passes' times, told at its end
         self._order = itertools.count()
         self.slots: list[_Slot] = []
         try:
@@ -414,13 +412,14 @@ class BatchEngine:
         graph for it unless it kept one of that shape (a CPU context keeps four, patch 0038), so
         a depth timed there would look dearer than it runs."""
         now = time.perf_counter()
-        if self._stretch_left:
+        planner = self.planner
+        if planner.stretch_left:
             held = self._stretch_holds(rnd)
             if held:  # one of the stretch's passes: told at its end
                 self._stretch.append(now - self._t_pass)
                 self._t_pass = now
-                self._stretch_left -= 1
-                if self._stretch_left:
+                planner.stretch_left -= 1
+                if planner.stretch_left:
                     return  # the plan stands: plain steps again
             self._end_stretch()
             if held:
@@ -454,13 +453,14 @@ class BatchEngine:
             # reading its rows; the first of them is this planned one
             ahead = self.planner.current.plain_rounds_ahead()
             stretch = min(self.planner.plain_stretch(context), *(s.drafter.unread_steps(ahead) for s in participants))
-            self._stretch_left = stretch + 1 if stretch else 0
-            self._stretch_slots = tuple(s.index for s in participants)
+            if stretch:
+                self.planner.stretch_left = stretch + 1
+                self.planner.stretch_slots = tuple(s.index for s in participants)
 
     def _stretch_holds(self, rnd: _Round) -> bool:
         """Whether the pass just run was the stretch's: its sequences' plain steps alone, no
         other sequence running (a prompt waiting), and of the last pass's shape (settled)."""
-        if tuple(s.index for s, _, _ in rnd.parts) != self._stretch_slots:
+        if tuple(s.index for s, _, _ in rnd.parts) != self.planner.stretch_slots:
             return False
         if any(len(tokens) != 1 or s.rows.prompt for s, tokens, _ in rnd.parts):
             return False
@@ -479,12 +479,12 @@ class BatchEngine:
 
     def _end_stretch(self) -> None:
         self.planner.stretch_ends(self._stretch)
-        self._stretch, self._stretch_left = [], 0
+        self._stretch = []
 
     def _end(self, s: _Slot, fin: Finished) -> Finished:
         s.run = s.rows = None
-        if self._stretch_left:  # its passes are told now: the next may be the engine's last for a while
-            self._end_stretch()
+        if self.planner is not None and self.planner.stretch_left:
+            self._end_stretch()  # its passes are told now: the next may be the engine's last for a while
         return fin
 
     def generate_all(self, prompts: list, options: GenerateOptions | list[GenerateOptions] | None = None

@@ -144,6 +144,9 @@ def generation(host: SequenceHost, prompt_tokens: list[int], opts: GenerateOptio
             break
         rec.mark("host")
         in_stretch = stretch_left > 0
+        if in_stretch and not policy.stretch_holds():  # cut short: tell it, then ask
+            drafter.skip_steps(rec.stretch_ends())
+            stretch_left, in_stretch = 0, False
         if in_stretch:
             depth = 0
             stretch_left -= 1

@@ -257,20 +257,24 @@ class _PlainPass:
 
 
 class PlainStretchPlanner(BatchPlanner):
-    """Plans plain steps for every pass and lets 3 passes after each planned one run without a
-    plan; logs each decode, observe and stretch in order."""
+    """Plans plain steps and lets 3 passes after each planned one run without a plan, except
+    right after a stretch cut short, when it plans depth 2; logs each decode, plan, observe and
+    stretch in order."""
 
     def __init__(self, engine, log: list) -> None:
         super().__init__(engine.pair.max_draft, engine.pair.drafter.sliding_window)
         self.log = log
+        self.cut = False  # whether the last stretch was cut short
 
     def plan(self, participants, other_rows, context, deepest=None, begins=False) -> list[int]:
+        depth = 2 if self.cut and participants else 0
+        self.cut = False
         for i in participants:
-            self.slot(i).planned = 0
+            self.slot(i).planned = depth
         self.current = _PlainPass() if participants else None
         self._planned = (tuple(sorted(participants)), other_rows) if participants else None
-        self.log.append(("plan", tuple(sorted(participants))))
-        return [0] * len(participants)
+        self.log.append(("plan", tuple(sorted(participants)), depth))
+        return [depth] * len(participants)
 
     def observe(self, depths, other_rows, seconds, timed=True, settled=True) -> None:
         self.log.append(("observe",))
@@ -280,15 +284,25 @@ class PlainStretchPlanner(BatchPlanner):
 
     def stretch_ends(self, seconds: list[float]) -> None:
         assert all(t > 0 for t in seconds)
+        self.stretch_slots, self.stretch_left = (), 0
+        self.cut = len(seconds) < 4
         self.log.append(("stretch", len(seconds)))
 
 
 def test_a_plain_stretch_runs_passes_without_the_planner_and_tells_each_once(pair, monkeypatch):
     """Where the planner allows it, the passes after a planned plain one run without a plan
-    while its sequences alone decode: the planner hears of each pass once (observed, or in a
-    stretch told at its end), a stretch holds only settled plain passes of its sequences, and
-    is cut short by a prompt or a sequence's end. Every output equals plain decoding's alone."""
+    while its sequences alone decode, and each sequence runs its part without asking its own
+    policy: the planner hears of each pass once (observed, or in a stretch told at its end), and
+    each sequence's policy of each of its rounds once; a stretch holds only settled plain passes
+    of its sequences, and is cut short by a prompt or a sequence's end, for every sequence in
+    it. Every output equals plain decoding's alone."""
     from laguna_dflash.runtime import llama
+    from laguna_dflash.runtime.tuner.batch import SlotDepth
+
+    told_together = []
+    real_told = SlotDepth.observe_plain_stretch
+    monkeypatch.setattr(SlotDepth, "observe_plain_stretch",
+                        lambda self, times: told_together.append(len(times)) or real_told(self, times))
 
     prompts = [PROMPTS[i][:60] for i in range(5)]
     with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=1) as engine:
@@ -301,14 +315,31 @@ def test_a_plain_stretch_runs_passes_without_the_planner_and_tells_each_once(pai
             s.planner = planner
         real_decode = llama.Context.decode_seqs
         monkeypatch.setattr(llama.Context, "decode_seqs", lambda self, parts: log.append(
-            ("pass", tuple(seq for seq, *_ in parts), tuple(len(t) for _, t, _, _ in parts))) or real_decode(self, parts))
+            ("pass", tuple(seq for seq, *_ in parts), tuple(len(t) for _, t, _, _ in parts),
+             tuple(engine.slots[seq].opts.n_predict - len(engine.slots[seq].out) for seq, *_ in parts)))
+            or real_decode(self, parts))
         got = engine.generate_all(prompts, [GenerateOptions(n_predict=n, n_max="auto") for n in (30, 18, 25, 40, 12)])
     assert [g.tokens for g in got] == want
+    assert told_together and sum(planner.slot(i).rounds for i in (0, 1)) == sum(g.stats.rounds for g in got)
     passes = [e for e in log if e[0] == "pass"]
     told = sum(1 for e in log if e[0] == "observe") + sum(e[1] for e in log if e[0] == "stretch")
     assert told == len(passes)
     stretches = [e[1] for e in log if e[0] == "stretch"]
     assert stretches and max(stretches) == 4 and min(stretches) < 4  # 1 + 3; some cut short
+    # a plan after a stretch cut short drafts: every sequence that chose its rows after it (it
+    # was in the pass before the plan, not waiting across a prompt's) plays it, 2 drafts or what
+    # its last tokens leave; none runs on in a stretch of its own
+    checked = 0
+    for j, e in enumerate(log):
+        if e[0] != "plan" or not e[2] or not e[1]:
+            continue
+        before = next(p for p in reversed(log[:j]) if p[0] == "pass")
+        after = next((p for p in log[j + 1:] if p[0] == "pass"), None)
+        if after is None or after[1] != e[1] or not set(e[1]) <= set(before[1]):
+            continue
+        assert after[2] == tuple(1 + min(2, left - 1) for left in after[3]), (e, after)
+        checked += 1
+    assert checked >= 3
     # each stretch's passes: the planned sequences' plain steps, no prompt among them, in a row
     i = 0
     for j, e in enumerate(log):

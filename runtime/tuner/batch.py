@@ -36,6 +36,13 @@ pass's rows, runtime/batch.py); a pass first planned under it chooses among dept
 On a backend that replays graphs (``graph_replay``: a GPU) each pass's policy follows
 AutoDepth's GPU rules, and ``plan(..., begins=True)`` tells it that a sequence's first pass
 after its prompt is among the participants, where the shape changes anyway.
+
+Where plain decoding leads a pass, its plain stretch (AutoDepth's) is the engine's to run:
+after a planned plain pass of the running sequences alone, ``plain_stretch`` passes more run
+without a plan (``stretch_slots``, ``stretch_left``), each sequence's round without asking its
+:class:`SlotDepth`, and ``stretch_ends`` tells the pass's policy their times; a sequence's
+policy tells it whether the stretch still stands, since another sequence's end or prompt
+ends it early for all of them.
 """
 
 from __future__ import annotations
@@ -116,6 +123,18 @@ class SlotDepth(DepthPolicy):
         current = self.planner.current
         return current.plain_rounds_ahead() if current is not None and self.planned == 0 else 0
 
+    def plain_stretch(self, n_past: int, per_round: int = 1) -> int:
+        # the passes of the planner's stretch after the planned one, if this sequence is in it
+        planner = self.planner
+        return max(0, planner.stretch_left - 1) if self.index in planner.stretch_slots else 0
+
+    def stretch_holds(self) -> bool:
+        return self.index in self.planner.stretch_slots
+
+    def observe_plain_stretch(self, times: list[float]) -> None:
+        self.chosen[0] = self.chosen.get(0, 0) + len(times)
+        self.rounds += len(times)
+
     def decision(self) -> dict:
         current = self.planner.current
         why = current.decision().get("why") if current is not None else "probe"
@@ -137,6 +156,10 @@ class BatchPlanner:
         self.current: PassDepth | None = None
         self._planned: tuple[tuple[int, ...], int] | None = None
         self.last_total = 0
+        # a plain stretch under way (runtime/batch.py runs it): its sequences, and its passes
+        # still to run, the next one included; each sequence runs its part without asking
+        self.stretch_slots: tuple[int, ...] = ()
+        self.stretch_left = 0
 
     def slot(self, index: int) -> SlotDepth:
         if index not in self._slots:
@@ -200,6 +223,7 @@ class BatchPlanner:
     def stretch_ends(self, seconds: list[float]) -> None:
         """The planned pass and those of its stretch ran, in ``seconds`` each (a stretch cut
         short: fewer), settled plain passes of the planned sequences."""
+        self.stretch_slots, self.stretch_left = (), 0
         pd = self.current
         if pd is None or not seconds:
             return

@@ -68,6 +68,11 @@ class DepthPolicy:
         positions to the context."""
         return 0
 
+    def stretch_holds(self) -> bool:
+        """Whether a stretch :meth:`plain_stretch` allowed still stands (asked each of its
+        rounds: one shared with other sequences may end early)."""
+        return True
+
     def observe_plain_stretch(self, times: list[float]) -> None:
         """The rounds of a stretch :meth:`plain_stretch` allowed, one time each: as a
         ``choose`` that gave a plain step and its ``observe``, round by round."""

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     def recorded(rnd) -> None:
         this_pass.update(prompt=any(s.rows.prompt for s, _, _ in rnd.parts),
                          rows=tuple(len(t) for _, t, _ in rnd.parts))
-        if engine._stretch_left and engine._stretch_holds(rnd):
+        if engine.planner.stretch_left and engine._stretch_holds(rnd):
             # a pass of a plain stretch: the planner hears of it only at the stretch's end, so
             # it is kept here, on the planner's clock read just before the engine reads it
             passes.append(("settled", this_pass["rows"], time.perf_counter() - engine._t_pass,
