@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from helpers.depth_replay import EngineDriven
 from laguna_dflash.runtime.tuner import EXPLOIT_REACH, AutoDepth, CostModel, FixedDepth
 from laguna_dflash.runtime.tuner.costs import context_band
 from laguna_dflash.runtime.tuner.policy import STRETCH_ROUNDS
@@ -344,33 +345,21 @@ def run_as_the_engine(tuner, pair: SimPair, rounds: int, n_past: int, stretches:
     """Rounds as runtime/rounds.py drives them, each round's context told; with ``stretches``
     (a list, filled with each stretch's length) the plain stretches the tuner allows run
     without asking and are told together, as the engine does; the depths played."""
-    depths, left, times = [], 0, []
+    driven, depths = EngineDriven(tuner), []
     while len(depths) < rounds:
-        in_stretch = left > 0
-        if in_stretch:
-            k, left = 0, left - 1
-        else:
-            tuner.context(n_past)
-            k = tuner.choose()
-            if k == 0 and stretches is not None:
-                left = tuner.plain_stretch(n_past)
-                if left:
-                    stretches.append(left)
-                    # no choice in it would ask for anything but a plain step of this band
-                    assert left <= min(tuner.plain_rounds_ahead(), STRETCH_ROUNDS)
-                    assert context_band(n_past + left) == tuner.costs.band
+        k, in_stretch = driven.choose(n_past)
+        if k == 0 and not in_stretch and stretches is not None:
+            left = driven.allow_stretch(n_past, 1 << 30)
+            if left:
+                stretches.append(left)
+                # no choice in it would ask for anything but a plain step of this band
+                assert left <= min(tuner.plain_rounds_ahead(), STRETCH_ROUNDS)
+                assert context_band(n_past + left) == tuner.costs.band
         acc, t, catchup = pair.play(k)
-        if in_stretch:
-            times.append(t)
-            if not left:
-                tuner.observe_plain_stretch(times)
-                times = []
-        else:
-            tuner.observe(k, acc, t, catchup)
+        driven.observe(in_stretch, k, acc, t, catchup)
         depths.append(k)
         n_past += acc + 1
-    if times:  # the run ended within a stretch
-        tuner.observe_plain_stretch(times)
+    driven.stretch_ends()  # the run may end within a stretch
     return depths
 
 

@@ -109,6 +109,46 @@ class ReplayResult:
         return self.tokens / self.seconds
 
 
+class EngineDriven:
+    """A policy asked and told as runtime/rounds.py does: after a plain step, the rounds its
+    ``plain_stretch`` allows (and the drafter leaves unread) are plain without asking, and their
+    times are told together at the stretch's end."""
+
+    def __init__(self, policy: DepthPolicy) -> None:
+        self.policy = policy
+        self.left, self.times = 0, []
+
+    def choose(self, n_past: int | None) -> tuple[int, bool]:
+        """This round's depth, and whether it is a stretch's (unasked); ``n_past`` None: the
+        caller tells no context."""
+        if self.left:
+            self.left -= 1
+            return 0, True
+        if n_past is not None:
+            self.policy.context(n_past)
+        return self.policy.choose(), False
+
+    def allow_stretch(self, n_past: int, unread: int) -> int:
+        """After an asked plain step: the rounds after it to run without asking."""
+        self.left = min(self.policy.plain_stretch(n_past), unread)
+        return self.left
+
+    def observe(self, in_stretch: bool, depth: int, accepted: int, t: float, catchup: float) -> None:
+        if not in_stretch:
+            self.policy.observe(depth, accepted, t, catchup)
+            return
+        self.times.append(t)
+        if not self.left:
+            self.stretch_ends()
+
+    def stretch_ends(self) -> None:
+        """Tell the stretch's rounds so far (a sequence may end within one: it ends there too)."""
+        self.left = 0
+        if self.times:
+            self.policy.observe_plain_stretch(self.times)
+            self.times = []
+
+
 def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: int = 0,
            noise: bool = True, clocks: list[Recording] | None = None,
            prompt_tokens: list[int] | None = None) -> ReplayResult:
@@ -119,6 +159,7 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
     rng = random.Random(seed)
     drift_rng, slow = random.Random(f"drift-{seed}"), None  # the slow factor: log, AR(1)
     res = ReplayResult()
+    driven = EngineDriven(policy)
     last_depth = None
     since_change = 1 << 30  # rounds since the target's batch shape changed
     for n_prompt, lengths in enumerate(prompts):
@@ -136,23 +177,17 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
             since_change = 0  # the prefill ran another batch shape
         policy.sequence_begins()
         seconds_before = res.seconds
-        stretch_left, stretch = 0, []  # as in the engine: a plain stretch's rounds, told together
         while n_out < rec.n_predict:
             n_past = (prompt_tokens[n_prompt] if prompt_tokens else 0) + n_out - 1
-            in_stretch = stretch_left > 0
-            if in_stretch:
-                depth, stretch_left = 0, stretch_left - 1
-            else:
-                if prompt_tokens:
-                    policy.context(n_past)
-                depth = min(policy.choose(), rec.n_predict - n_out - 1)
+            depth, in_stretch = driven.choose(n_past if prompt_tokens else None)
+            depth = min(depth, rec.n_predict - n_out - 1)
             # as in the engine: a plain step promised to be followed by more plain steps than
             # the drafter reads back does not read its row or leave it for a catch-up; where
             # the backend does not replay graphs, it does not capture it either
             ahead = 0 if in_stretch or depth else policy.plain_rounds_ahead()
             skip = depth == 0 and (in_stretch or ahead >= rec.horizon)
             if depth == 0 and not in_stretch and ahead >= rec.horizon:
-                stretch_left = min(policy.plain_stretch(n_past), int(ahead - rec.horizon))
+                driven.allow_stretch(n_past, int(ahead - rec.horizon))
             t = rec.plain_skip_s if skip and not rec.graph_replay else rec.round_s[depth]
             if noise:
                 # inverse-CDF draw between the recorded quantiles of round time / median
@@ -179,21 +214,14 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
                 if pending:
                     catchup = rec.catchup_s + rec.catchup_per_row_s * min(pending, rec.horizon)
                 pending = 0
-            if in_stretch:
-                stretch.append(t)
-                if not stretch_left:
-                    policy.observe_plain_stretch(stretch)
-                    stretch = []
-            else:
-                policy.observe(depth, accepted, t, catchup)
+            driven.observe(in_stretch, depth, accepted, t, catchup)
             res.depths.append(depth)
             res.why.append(policy.decision().get("why", ""))
             res.rounds += 1
             res.seconds += t + catchup
             n_out += accepted + 1
             last_depth = depth
-        if stretch:  # the sequence ended within a plain stretch
-            policy.observe_plain_stretch(stretch)
+        driven.stretch_ends()  # the sequence may end within a plain stretch
         res.tokens += n_out
         res.prompt_seconds.append(res.seconds - seconds_before)
     return res
