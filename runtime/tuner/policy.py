@@ -109,10 +109,7 @@ class AutoDepth(DepthPolicy):
 
     * **Start**: probe the depths of ``probe`` ``probe_rounds`` times each; the first round of
       each is untimed (it rebuilds llama.cpp's graphs for the batch shape), so no single stall
-      sets a depth's first cost. Plain decoding is the incumbent after the probes, and probed
-      first: on a CPU a plain step right after drafting rounds runs dearer (PLAIN_SETTLE), and
-      timed there, last, its cost kept `auto` at a drafting depth that ran 0.7-0.8x plain
-      decoding (the two-sequence lane on a 2-core VM, in about one process of three).
+      sets a depth's first cost. Plain decoding is the incumbent after the probes.
     * **Refit** every ``refit_every`` rounds (while plain decoding is best, only after an
       exploring visit, nothing else bringing news about drafting, or after a move of its own
       cost, below): the best depth among those at most EXPLOIT_REACH beyond the deepest timed
@@ -194,7 +191,7 @@ class AutoDepth(DepthPolicy):
       CPU several percent: Python after a target pass runs on cold caches.
     """
 
-    def __init__(self, max_depth: int, probe=(0, 2, 4), probe_rounds: int = 3,
+    def __init__(self, max_depth: int, probe=(2, 4, 0), probe_rounds: int = 3,
                  min_explore_every: int = 8, max_explore_every: int = 96, memory: float = 48.0,
                  refit_every: int = 8, explore_budget: float = 0.01, max_wait: int = 2048,
                  switch_margin: float = 0.05, unseen_decay: float = 0.97, cost_window: int = 31,
