@@ -265,6 +265,36 @@ def test_a_drift_in_the_machines_pace_does_not_move_auto_off_plain_decoding():
     assert min(shares) >= 0.95, shares
 
 
+class DearAfterDrafting(SimPair):
+    """A CPU's caches: the three plain steps after a drafting round run 1.6x dearer (live in a
+    two-sequence lane on a 2-core VM: 1.85 against 1.13 ms)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.since_drafting = 1 << 30
+
+    def play(self, k: int) -> tuple[int, float, float]:
+        n, t, catchup = super().play(k)
+        self.since_drafting = 0 if k else self.since_drafting + 1
+        return n, t * (1.6 if k == 0 and self.since_drafting <= 3 else 1.0), catchup
+
+
+@pytest.mark.xfail(strict=True, reason="plain decoding, probed last, is timed right after the drafting probes; "
+                   "probing it first fixes this but lost EPYC-1's prose 2.1% in the replays "
+                   "(docs/results/autotune-replay, 'Plain decoding probed first')")
+def test_plain_decoding_dearer_after_drafting_does_not_lose_to_a_drafting_depth():
+    """Plain decoding is best (depth 3 0.84x of it once settled), but dearer for three steps
+    after drafting. Probed last, right after the drafting probes, plain decoding is timed at its
+    dearest and a drafting depth wins for good: plain ran 0-1% of rounds 200-600 on 17 of 20
+    seeds (probed first: 98% on every seed). Live, the two-sequence lane on a 2-core VM led with
+    depth 3 or 4 through whole runs at 0.7-0.8x plain decoding in about one process of three."""
+    for seed in range(20):
+        pair = DearAfterDrafting(lambda i: 0.75 if i <= 2 else 0.5, per_row=0.3, draft=0.9, seed=seed)
+        assert max(range(1, 8), key=pair.expected_rate) == 3 and pair.best_rate() == pair.expected_rate(0)
+        _, chosen = run(AutoDepth(MAX_DEPTH), pair, 600)
+        assert chosen[200:].count(0) >= 0.95 * 400, seed
+
+
 def test_a_faster_pace_brings_no_visit_to_drafting():
     """Plain decoding is best at any pace, and a visit to drafting costs several plain steps
     (their budget waits about 650 rounds). The pace quickens by 30% four times, 200 rounds
