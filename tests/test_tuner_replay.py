@@ -261,6 +261,21 @@ def test_prose_does_not_wait_in_plain_decoding(clock):
     assert max(waits) <= 48, waits
 
 
+def test_a_clock_can_make_the_plain_steps_after_drafting_dearer():
+    """``plain_settle``: the 2nd, 3rd, ... plain steps after a drafting round cost its factors
+    more (the 1st pays the change of depth, as before); a prompt's pass clears it."""
+    from helpers.depth_replay import Scripted
+
+    rec = Recording(workloads={"w": [[0] * 10]}, round_s=[1.0, 2.0], plain_skip_s=1.0, depth_change_s=0.5,
+                    catchup_s=0.0, catchup_per_row_s=0.0, noise_quantiles=[1.0, 1.0], n_predict=7)
+    settled = Recording(**{**rec.__dict__, "plain_settle": (1.5, 1.2)})
+    plain = replay(Scripted([1, 0]), rec, [[0] * 10] * 2, noise=False)
+    dear = replay(Scripted([1, 0]), settled, [[0] * 10] * 2, noise=False)
+    # a drafting round (2), then five plain steps: the first + the change, then 1.5x, 1.2x, 1x, 1x
+    assert plain.prompt_seconds == [2.0 + 1.5 + 4 * 1.0, 6 * 1.0]
+    assert dear.prompt_seconds == pytest.approx([2.0 + 1.5 + 1.5 + 1.2 + 2 * 1.0, 6 * 1.0])
+
+
 def test_each_prompt_can_run_on_its_own_clock():
     fast = Recording(workloads={"w": [[0] * 10]}, round_s=[1.0, 2.0], plain_skip_s=1.0, depth_change_s=0.0,
                      catchup_s=0.0, catchup_per_row_s=0.0, noise_quantiles=[1.0, 1.0], n_predict=4)

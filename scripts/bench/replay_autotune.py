@@ -44,6 +44,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="")
     ap.add_argument("--stream", default="code,table,prose",
                     help="also replay one tuner through these workloads in turn (content changes); '' to skip")
+    ap.add_argument("--plain-settle", default=None,
+                    help="factors of the 2nd, 3rd, ... plain step after a drafting round (e.g. 1.26,1.25,1.18,1.11), "
+                         "instead of the recording's (none: every plain step after the first at its cost)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
@@ -53,6 +56,7 @@ def main(argv=None) -> int:
     from tests.helpers.depth_replay import Recording
     from laguna_dflash.runtime.tuner import AutoDepth
 
+    settle = None if args.plain_settle is None else tuple(float(x) for x in args.plain_settle.split(",") if x)
     names = args.workloads.split(",") if args.workloads else list(Recording.load(args.recording).workloads)
     t = Table(title=f"--n-max auto replayed ({args.seeds} seeds per workload)", title_justify="left")
     for col in ("workload", "auto vs best (mean)", "worst seed", "auto vs plain (mean)", "worst seed",
@@ -60,7 +64,7 @@ def main(argv=None) -> int:
         t.add_column(col, justify="right")
     out = {}
     for name in names:
-        rec = Recording.load(args.recording, costs_of=name)
+        rec = Recording.load(args.recording, costs_of=name, plain_settle=settle)
         j = summary(AutoDepth, rec, rec.workloads[name], args.seeds)
         out[name] = j
         t.add_row(name, f"{j['auto_vs_best_fixed_mean']:.3f}", f"{j['auto_vs_best_fixed_min']:.3f}",
@@ -74,7 +78,8 @@ def main(argv=None) -> int:
         from tests.helpers.depth_replay import judge_stream
 
         segments = args.stream.split(",")
-        stream = judge_stream(AutoDepth, {n: Recording.load(args.recording, costs_of=n) for n in segments}, args.seeds)
+        stream = judge_stream(AutoDepth, {n: Recording.load(args.recording, costs_of=n, plain_settle=settle)
+                                          for n in segments}, args.seeds)
         s = Table(title=f"one tuner through {' -> '.join(segments)} ({args.seeds} seeds): auto vs the best fixed "
                   "depth on each part", title_justify="left")
         for col in ("workload", "mean", "worst seed"):

@@ -61,10 +61,15 @@ class Recording:
     # the second: captured). The engine then keeps capture on through promised plain stretches.
     graph_replay: bool = False
     change_s: tuple[float, ...] = ()  # default: (depth_change_s,) where positive, the first round only
+    # A CPU's caches: the plain steps after a drafting round run dearer for a few more rounds
+    # than the first (which ``change_s`` prices); ``plain_settle[i]`` multiplies the time of the
+    # (i + 2)-th plain step after one. () : none (the recordings so far).
+    plain_settle: tuple[float, ...] = ()
 
     @classmethod
-    def load(cls, path: Path, costs_of: str = "code") -> "Recording":
-        """The recording at ``path``, with the round costs measured on workload ``costs_of``."""
+    def load(cls, path: Path, costs_of: str = "code", plain_settle: tuple[float, ...] | None = None) -> "Recording":
+        """The recording at ``path``, with the round costs measured on workload ``costs_of``
+        (``plain_settle``: the factors of its field, given instead of the recording's)."""
         raw = json.loads(Path(path).read_text())
         c = raw["costs"][costs_of]
         return cls(workloads=raw["workloads"], round_s=c["round_s"], plain_skip_s=c["plain_skip_s"],
@@ -72,7 +77,8 @@ class Recording:
                    catchup_per_row_s=c["catchup_per_row_s"], noise_quantiles=c["noise_quantiles"],
                    n_predict=raw["n_predict"], drafter_digest=raw.get("drafter_digest", ""), window=c["window"],
                    drift_phi=c.get("drift_phi", 0.0), drift_share=c.get("drift_share", 0.0),
-                   graph_replay=graph_replay(raw.get("placement", "")), change_s=tuple(max(0.0, x) for x in c.get("change_s", ())))
+                   graph_replay=graph_replay(raw.get("placement", "")), change_s=tuple(max(0.0, x) for x in c.get("change_s", ())),
+                   plain_settle=tuple(c.get("plain_settle", ())) if plain_settle is None else tuple(plain_settle))
 
     @property
     def max_depth(self) -> int:
@@ -172,6 +178,7 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
             slow_sd = rec.drift_share ** 0.5 * log_spread(q)
             slow_keep, fast_power = (1 - rec.drift_phi ** 2) ** 0.5, (1 - rec.drift_share) ** 0.5
         n_out, pending = 1, 0  # the prefill's token; plain-step rows the drafter has not read
+        since_drafting = 1 << 30  # the prompt's pass ran no drafter
         skipping = False  # whether the last plain step skipped its row (capture was off)
         if rec.graph_replay:
             since_change = 0  # the prefill ran another batch shape
@@ -204,6 +211,9 @@ def replay(policy: DepthPolicy, rec: Recording, prompts: list[list[int]], seed: 
             if since_change < len(changes):
                 t += changes[since_change]
             since_change += 1
+            since_drafting = 0 if depth else since_drafting + 1
+            if 2 <= since_drafting <= len(rec.plain_settle) + 1:
+                t *= rec.plain_settle[since_drafting - 2]
             skipping = skip and not rec.graph_replay
             catchup = 0.0
             if depth == 0:
