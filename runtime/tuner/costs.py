@@ -58,6 +58,11 @@ def context_band(n_past: int, doublings: int = 1) -> int:
     return n_past.bit_length() // doublings
 
 
+def band_end(n_past: int, doublings: int = 1) -> int:
+    """The shortest context length past ``n_past``'s band (:func:`context_band`)."""
+    return 1 << ((context_band(n_past, doublings) + 1) * doublings - 1)
+
+
 class CostModel:
     def __init__(self, max_depth: int, window: int = 31, band_doublings: int = 1, recent_rounds: int = 0) -> None:
         """``recent_rounds``: a count of last rounds whose median :meth:`recent` gives without a

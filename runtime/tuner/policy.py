@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .acceptance import AcceptanceModel
-from .costs import CostModel
+from .costs import CostModel, band_end
 
 #: Exploit no depth more than this beyond the deepest timed one: past it the cost is the line's
 #: extrapolation, and exploring visits (best+1, best+2) reach it a step or two at a time.
@@ -534,14 +534,12 @@ class AutoDepth(DepthPolicy):
         # them turns on their times but the incumbent's watch, which sees them together
         n = min(self.plain_rounds_ahead(), STRETCH_ROUNDS)
         if self._context_known:
-            band_end = 1 << ((self.costs.band_of(n_past) + 1) * self.costs.band_doublings - 1)
-            n = min(n, (band_end - n_past - 1) // per_round)
+            n = min(n, (band_end(n_past, self.costs.band_doublings) - n_past - 1) // per_round)
         return max(0, n)
 
     def observe_plain_stretch(self, times: list[float]) -> None:
         self.chosen[0] += len(times)
-        for t in times:
-            self.observe(0, 0, t)
+        super().observe_plain_stretch(times)
 
     def _explore_depth(self) -> int:
         if self.best == 0:
