@@ -121,14 +121,10 @@ class Drafter:
     def unread_steps(self, plain_rounds_ahead: int) -> int:
         """How many plain steps after one with ``plain_rounds_ahead`` promised after it read no
         row either (the engine may run them without ``plain_step_begins``/``ends`` and tell
-        them with :meth:`skip_steps`)."""
+        them with :meth:`skip_pending`)."""
         if plain_rounds_ahead < self.capture_horizon:
             return 0
         return int(plain_rounds_ahead - self.capture_horizon)
-
-    def skip_steps(self, n: int) -> None:
-        """``n`` plain steps whose rows no draft reads, told together (capture stays off)."""
-        self.skip_pending(n)
 
     def catch_up(self, next_query: int) -> bool:
         """Before a draft: capture on again, and the queued rows (of the prompt and the plain

@@ -14,7 +14,7 @@
    target verifies, then ``inject_captured(1 + n_accepted, n_past)``.
    A plain round inside a drafting sequence is wrapped in ``plain_step_begins(rounds_ahead)``
    and ``plain_step_ends()`` (the row is queued for the next catch-up, or skipped); the
-   ``unread_steps(rounds_ahead)`` after it may run unwrapped, told at once by ``skip_steps(n)``.
+   ``unread_steps(rounds_ahead)`` after it may run unwrapped, told at once by ``skip_pending(n)``.
 5. ``close()``.
 
 Positions are the target's: the drafter's context row p is the target's hidden state at p.
@@ -74,10 +74,10 @@ class Proposer(Protocol):
 
     def unread_steps(self, plain_rounds_ahead: int) -> int:
         """How many plain steps after this one (``plain_rounds_ahead`` promised after it) read
-        no row: they may run unwrapped and be told with ``skip_steps``."""
+        no row: they may run unwrapped and be told with ``skip_pending``."""
 
-    def skip_steps(self, n: int) -> None:
-        """``n`` plain steps that ran unwrapped (``unread_steps``)."""
+    def skip_pending(self, extra: int) -> None:
+        """Drop the queued rows and ``extra`` more unread ones (plain steps that ran unwrapped)."""
 
     def catch_up(self, next_query: int) -> bool:
         """Inject the queued rows of the plain steps before a draft; whether there were any."""

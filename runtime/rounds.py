@@ -140,12 +140,12 @@ def generation(host: SequenceHost, prompt_tokens: list[int], opts: GenerateOptio
         if reason is not None:
             stop_reason = reason
             if rec.stretch:  # it ends within a plain stretch
-                drafter.skip_steps(rec.stretch_ends())
+                drafter.skip_pending(rec.stretch_ends())
             break
         rec.mark("host")
         in_stretch = stretch_left > 0
         if in_stretch and not policy.stretch_holds():  # cut short: tell it, then ask
-            drafter.skip_steps(rec.stretch_ends())
+            drafter.skip_pending(rec.stretch_ends())
             stretch_left, in_stretch = 0, False
         if in_stretch:
             depth = 0
@@ -171,7 +171,7 @@ def generation(host: SequenceHost, prompt_tokens: list[int], opts: GenerateOptio
             nxt = sampler.sample(ctx.logits_view(0), history[-sampler.history_len:] if sampler.history_len else ())
             rec.round_ends(0, 0, bonus, [], nxt, n_past, n_past + 1, stretch=in_stretch)
             if in_stretch and not stretch_left:
-                drafter.skip_steps(rec.stretch_ends())
+                drafter.skip_pending(rec.stretch_ends())
             n_past, emitted, bonus = n_past + 1, [nxt], nxt
             continue
 
