@@ -23,6 +23,17 @@ def int_list(lo: int, hi: int, words: tuple[str, ...] = ()) -> Callable[[str], t
     return parse
 
 
+def factor_list(text: str) -> tuple[float, ...]:
+    """A comma-separated list of positive numbers."""
+    try:
+        out = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or any(not 0.0 < x < float("inf") for x in out):
+        raise argparse.ArgumentTypeError(f"positive numbers, comma-separated; found {text!r}")
+    return out
+
+
 def require_at_least(ap: argparse.ArgumentParser, args: argparse.Namespace, **least: int) -> None:
     """Refuse, in one line with exit code 2, any of these options below its least value
     (``require_at_least(ap, args, reps=1, warmup=0)``)."""

@@ -21,6 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from scripts.arguments import factor_list
 from scripts.recorded import command_line, write_json
 from tests.helpers.depth_replay import RECORDED
 
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="")
     ap.add_argument("--stream", default="code,table,prose",
                     help="also replay one tuner through these workloads in turn (content changes); '' to skip")
-    ap.add_argument("--plain-settle", default=None,
+    ap.add_argument("--plain-settle", type=factor_list, default=None,
                     help="factors of the 2nd, 3rd, ... plain step after a drafting round (e.g. 1.26,1.25,1.18,1.11), "
                          "instead of the recording's (none: every plain step after the first at its cost)")
     ap.add_argument("--json", type=Path)
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
     from tests.helpers.depth_replay import Recording
     from laguna_dflash.runtime.tuner import AutoDepth
 
-    settle = None if args.plain_settle is None else tuple(float(x) for x in args.plain_settle.split(",") if x)
+    settle = args.plain_settle
     names = args.workloads.split(",") if args.workloads else list(Recording.load(args.recording).workloads)
     t = Table(title=f"--n-max auto replayed ({args.seeds} seeds per workload)", title_justify="left")
     for col in ("workload", "auto vs best (mean)", "worst seed", "auto vs plain (mean)", "worst seed",
