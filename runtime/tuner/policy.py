@@ -36,6 +36,9 @@ RECENT_ROUNDS = 15
 #: one thread: 1.85 ms the 2nd and 3rd after it against 1.13 ms from the 4th on), so plain
 #: decoding timed afresh from a drafting depth leaves this many rounds untimed first.
 PLAIN_SETTLE = 3
+#: ... and the dearest such a step was measured (that lane: 1.85 / 1.13 ms): plain decoding,
+#: probed last, right after the drafting probes, may have been timed this much dear.
+PLAIN_AFTER_DRAFTING = 1.65
 #: The most rounds of a promised plain stretch the engine runs before telling the policy of them
 #: (:meth:`DepthPolicy.plain_stretch`): the incumbent's watch sees a move of the pace at most this
 #: many rounds late.
@@ -109,7 +112,11 @@ class AutoDepth(DepthPolicy):
 
     * **Start**: probe the depths of ``probe`` ``probe_rounds`` times each; the first round of
       each is untimed (it rebuilds llama.cpp's graphs for the batch shape), so no single stall
-      sets a depth's first cost. Plain decoding is the incumbent after the probes.
+      sets a depth's first cost. Plain decoding is the incumbent after the probes. On a CPU,
+      plain decoding, probed last, was timed right after drafting, where its steps run dearer:
+      where the first decision would leave it for a drafting depth that wins by no more than
+      that could explain (PLAIN_AFTER_DRAFTING), plain decoding is timed afresh first, as after
+      a move of the pace (below), and the decision waits for it.
     * **Refit** every ``refit_every`` rounds (while plain decoding is best, only after an
       exploring visit, nothing else bringing news about drafting, or after a move of its own
       cost, below): the best depth among those at most EXPLOIT_REACH beyond the deepest timed
@@ -328,6 +335,15 @@ class AutoDepth(DepthPolicy):
                 return depth
         return None
 
+    def _probes_may_have_misjudged_plain(self, best: int) -> bool:
+        """At the first decision, on a CPU: whether the probes' best drafting depth ``best`` wins
+        only by what probing plain decoding right after drafting (its steps PLAIN_AFTER_DRAFTING
+        dearer there) can explain; plain decoding is then timed afresh, settled, first."""
+        if best == 0 or self.graph_replay or not self._probe_len:
+            return False
+        rates = self.throughput(cost=self._cost_cache)
+        return rates[best] <= PLAIN_AFTER_DRAFTING * (1.0 + 2.0 * self.switch_margin) * rates[0]
+
     def _own_cost(self, depth: int) -> float | None:
         """``depth``'s cost from its own rounds in the band, once it has more than 2 x
         RECENT_ROUNDS of them (None before)."""
@@ -384,6 +400,8 @@ class AutoDepth(DepthPolicy):
                 self._refit_due = False
                 best = self._refit()
                 stale = self._timed_at_another_cost(best)
+                if stale is None and r == self._probe_len and self._probes_may_have_misjudged_plain(best):
+                    stale = 0
                 if stale is not None:
                     best = self.best
                 if best != self.best:
