@@ -240,3 +240,24 @@ def test_a_pass_where_a_sequence_begins_tells_its_gpu_tuner():
     assert pd._seq_rounds == 5
     planner.plan([0], other_rows=0, context=200, begins=True)
     assert pd._seq_rounds == 0 and pd._seq_lengths[-1] > 0
+
+
+def test_a_replayed_plain_stretch_leaves_the_passes_depths_as_when_planned_each_pass():
+    """The batched replays run the planner's plain stretches as runtime/batch.py does (unplanned,
+    unasked, told at their end). On a clock without noise, where the incumbent's watch, the one
+    rule that sees a stretch's passes late, sees no move, every pass's depths are those of a
+    planner asked every pass, and most of its plain passes ran in stretches."""
+    rec = recording()
+    for seed in range(3):
+        order = [prompt_order(rec.workloads["degraded"], 7 * seed + i) for i in range(4)]
+        runs = []
+        for stretching in (True, False):
+            planner = BatchPlanner(rec.max_depth, rec.window)
+            if not stretching:
+                planner.plain_stretch = lambda context: 0
+            runs.append(replay_batch([planner.slot(i) for i in range(4)], CLOCK, order, rec.n_predict,
+                                     None, seed, planner=planner))
+        told, asked = runs
+        assert told.depths == asked.depths and asked.unasked == 0, seed
+        plain = sum(1 for depths in told.depths if not any(depths))
+        assert told.unasked >= 0.5 * plain, (seed, told.unasked, plain)

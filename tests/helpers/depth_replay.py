@@ -440,6 +440,7 @@ class BatchResult:
     seconds: float = 0.0
     rounds: int = 0
     depths: list[list[int]] = field(default_factory=list)  # per round, per running sequence
+    unasked: int = 0  # passes of plain stretches after their planned one
 
     @property
     def tokens_per_s(self) -> float:
@@ -454,21 +455,39 @@ def replay_batch(policies: list[DepthPolicy], clock: PassClock, streams: list[li
     stream runs out (so every pass is as wide: the steady state of a busy server);
     ``policies[i]`` chooses sequence i's depth. ``planner`` (runtime.tuner.batch.BatchPlanner,
     whose slot policies ``policies`` are) plans each pass before the sequences choose and is told
-    its time after, as runtime/batch.py does. Each policy is told its sequence's context, and
-    observes the pass's time as its round's (what a sequence's own tuner sees)."""
+    its time after, as runtime/batch.py does, plain stretches included: after a planned plain
+    pass the passes its ``plain_stretch`` allows run unplanned and unasked, told together at the
+    stretch's end, which a sequence's next prompt brings early. Each policy is told its
+    sequence's context, and observes the pass's time as its round's (what a sequence's own tuner
+    sees)."""
     rng = random.Random(seed)
     res = BatchResult()
     where = [[0, 1] for _ in streams]  # per sequence: prompt index, tokens out of it
     last_rows = None
     running = list(range(len(streams)))
+    stretch: list[float] = []  # a plain stretch under way: its passes' times, the planned one first
+
+    def end_stretch() -> None:
+        planner.stretch_ends(stretch)
+        for i in running:  # each sequence played the planned pass as a round of its own
+            policies[i].observe_plain_stretch(stretch[1:])
+        stretch.clear()
+
     while True:
         if any(where[i][0] >= len(s) for i, s in enumerate(streams)):
+            if stretch:
+                end_stretch()
             return res
-        for i in running:
-            policies[i].context(prompt_tokens + where[i][1])
-        if planner is not None:
-            planner.plan(running, 0, sum(prompt_tokens + where[i][1] for i in running))
-        depths = [min(policies[i].choose(), n_predict - where[i][1] - 1) for i in running]
+        unasked = bool(stretch)
+        if unasked:
+            depths = [0] * len(running)
+        else:
+            for i in running:
+                policies[i].context(prompt_tokens + where[i][1])
+            context = sum(prompt_tokens + where[i][1] for i in running)
+            if planner is not None:
+                planner.plan(running, 0, context)
+            depths = [min(policies[i].choose(), n_predict - where[i][1] - 1) for i in running]
         t = clock.seconds(depths)
         rows = sum(d + 1 for d in depths)
         if last_rows is not None and rows != last_rows:
@@ -478,15 +497,29 @@ def replay_batch(policies: list[DepthPolicy], clock: PassClock, streams: list[li
             u = rng.random() * (len(noise) - 1)
             j = int(u)
             t *= noise[j] + (noise[min(j + 1, len(noise) - 1)] - noise[j]) * (u - j)
+        next_prompt = False
         for i, d in zip(running, depths):
             p, n_out = where[i]
             accepted = min(d, streams[i][p][n_out - 1]) if d else 0
-            policies[i].observe(d, accepted, t)
+            if not unasked:
+                policies[i].observe(d, accepted, t)
             n_out += accepted + 1
             res.tokens += accepted + 1
+            next_prompt |= n_out >= n_predict
             where[i] = [p + 1, 1] if n_out >= n_predict else [p, n_out]
         if planner is not None:
-            planner.observe(dict(zip(running, depths)), 0, t)
+            if unasked:
+                stretch.append(t)
+                res.unasked += 1
+                planner.stretch_left -= 1
+                if next_prompt or not planner.stretch_left:
+                    end_stretch()
+            elif not any(depths) and planner.current is not None and not next_prompt and (
+                    n := planner.plain_stretch(context)):
+                planner.stretch_left, planner.stretch_slots = n, tuple(running)
+                stretch.append(t)
+            else:
+                planner.observe(dict(zip(running, depths)), 0, t)
         res.seconds += t
         res.rounds += 1
         res.depths.append(depths)
