@@ -8,8 +8,8 @@ import pytest
 
 from helpers.depth_replay import EngineDriven
 from laguna_dflash.runtime.tuner import EXPLOIT_REACH, AutoDepth, CostModel, FixedDepth
-from laguna_dflash.runtime.tuner.costs import context_band
 from laguna_dflash.runtime.tuner.batch import BatchPlanner
+from laguna_dflash.runtime.tuner.costs import context_band
 from laguna_dflash.runtime.tuner.policy import STRETCH_ROUNDS
 
 MAX_DEPTH = 15
@@ -297,7 +297,7 @@ def test_plain_decoding_dearer_after_drafting_does_not_lose_to_a_drafting_depth(
 def test_a_pass_of_two_sequences_is_not_locked_into_drafting_by_plain_steps_dear_after_it():
     """The same clock for the pass of a two-sequence lane (where it was seen live): the pass
     planner's first decision re-times plain decoding as a lone sequence's does (before: plain
-    decoding ran 2-4 of rounds 200-600 on every seed; after, 376, its looks at drafting more
+    decoding ran 2-4 of rounds 200-600 on every seed; after, 376 on every seed, its looks at drafting more
     frequent than a lone sequence's)."""
     for seed in range(20):
         pair = DearAfterDrafting(lambda i: 0.75 if i <= 2 else 0.5, per_row=0.3, draft=0.9, seed=seed)
