@@ -297,8 +297,9 @@ def test_plain_decoding_dearer_after_drafting_does_not_lose_to_a_drafting_depth(
 def test_a_pass_of_two_sequences_is_not_locked_into_drafting_by_plain_steps_dear_after_it():
     """The same clock for the pass of a two-sequence lane (where it was seen live): the pass
     planner's first decision re-times plain decoding as a lone sequence's does (before: plain
-    decoding ran 2-4 of rounds 200-600 on every seed; after, 376 on every seed, its looks at drafting more
-    frequent than a lone sequence's)."""
+    decoding ran 2-4 of rounds 200-600 on every seed; after, 376 on every seed, its looks at
+    drafting more frequent than a lone sequence's; 356 once the dear plain steps after drafting
+    make every visit two rounds longer, "A cost that settles")."""
     for seed in range(20):
         pair = DearAfterDrafting(lambda i: 0.75 if i <= 2 else 0.5, per_row=0.3, draft=0.9, seed=seed)
         other = SimPair(lambda i: 0.75 if i <= 2 else 0.5, seed=seed + 1000)  # the second's acceptance
@@ -311,7 +312,56 @@ def test_a_pass_of_two_sequences_is_not_locked_into_drafting_by_plain_steps_dear
                 planner.slot(i).observe(depth, n, t)
             planner.observe({0: depth, 1: depth}, other_rows=0, seconds=t)
             chosen.append(depth)
-        assert chosen[200:].count(0) >= 0.9 * 400, seed
+        assert chosen[200:].count(0) >= 0.85 * 400, seed
+
+
+class DearAfterAnyChange(SimPair):
+    """The 1st and 2nd rounds after any change of depth dear (recorded on an AVX2 EPYC with
+    prose: 3.8 and 2.1 ms over rounds of 1.3-4 ms), with 10% noise."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.last, self.place = None, 0
+        self.noise = random.Random(kwargs.get("seed", 0) + 99)
+
+    def play(self, k: int) -> tuple[int, float, float]:
+        n, t, catchup = super().play(k)
+        self.place = self.place + 1 if k == self.last else 0
+        self.last = k
+        dear = 2.0 if self.place == 0 else 1.8 if self.place == 1 else 1.0
+        return n, t * dear * (1.0 + 0.1 * (2.0 * self.noise.random() - 1.0)), catchup
+
+
+def test_the_rounds_a_change_of_depth_makes_dear_are_measured():
+    """How many rounds after a change run dear is the machine's: none past the first where they
+    do not, the 2nd too where the 1st and 2nd after any change are dear, the 2nd and 3rd too
+    where the plain steps after drafting are (measured on the rounds back at the incumbent)."""
+    for seed in range(4):
+        for pair, rounds in ((SimPair(PROSE, seed=seed), 1),
+                             (DearAfterAnyChange(lambda i: 0.4, per_row=0.15, draft=0.45, seed=seed), 2),
+                             (DearAfterDrafting(lambda i: 0.75 if i <= 2 else 0.5, per_row=0.3, draft=0.9, seed=seed), 3)):
+            tuner = AutoDepth(MAX_DEPTH)
+            run(tuner, pair, 1500)
+            assert tuner.settle_rounds() == rounds, (seed, type(pair).__name__)
+
+
+def test_visits_time_drafting_past_the_rounds_a_change_makes_dear():
+    """Plain decoding is best and the 1st and 2nd rounds after any change run about twice their
+    cost. A visit left only its 1st untimed, so it timed drafting at the 2nd: every timed round of
+    a visit from round 300 on ran 1.6-2.0x what drafting runs. Once the tuner has measured the
+    2nd as dear (within the first visits), visits leave it untimed too: the last two within 1.2x."""
+    for seed in range(6):
+        pair = DearAfterAnyChange(lambda i: 0.4, per_row=0.15, draft=0.45, seed=seed)
+        assert max(range(MAX_DEPTH + 1), key=pair.expected_rate) == 0
+        tuner, timed = AutoDepth(MAX_DEPTH), []
+        for r in range(3000):
+            k = tuner.choose()
+            acc, t, catchup = pair.play(k)
+            if r >= 300 and k and tuner.decision()["why"] == "explore" and tuner._timed:
+                timed.append(t / pair.cost(k))
+            tuner.observe(k, acc, t, catchup)
+        assert tuner.best == 0 and len(timed) >= 4
+        assert max(timed[-2:]) <= 1.2, (seed, timed)
 
 
 def test_a_faster_pace_brings_no_visit_to_drafting():

@@ -39,6 +39,12 @@ PLAIN_SETTLE = 3
 #: ... and the dearest such a step was measured (that lane: 1.85 / 1.13 ms): plain decoding,
 #: probed last, right after the drafting probes, may have been timed this much dear.
 PLAIN_AFTER_DRAFTING = 1.65
+#: On a CPU, the 2nd, 3rd, ... round after a change of depth (up to PLAIN_SETTLE) is left untimed
+#: like the 1st when, over at least SETTLE_SAMPLES recent changes, the median of its time over
+#: its depth's own cost is SETTLE_EXCESS or more above 1 (the class docstring, "A cost that
+#: settles").
+SETTLE_EXCESS = 0.2
+SETTLE_SAMPLES = 5
 #: The most rounds of a promised plain stretch the engine runs before telling the policy of them
 #: (:meth:`DepthPolicy.plain_stretch`): the incumbent's watch sees a move of the pace at most this
 #: many rounds late.
@@ -189,6 +195,16 @@ class AutoDepth(DepthPolicy):
       decoding led made drafting's older costs win, and after it plain decoding kept the dip's
       cost, refreshed by one visit in seven: live, `auto` stayed at depth 5 for six runs at
       about 0.72x plain decoding.
+    * **A cost that settles** (not on a backend that replays graphs): on a CPU a round right
+      after a change of depth can run dear for more than the one round a visit leaves untimed
+      (live, in a two-sequence lane: plain steps 1.6x their cost the 2nd and 3rd after drafting;
+      recorded on an AVX2 EPYC with prose: the 1st and 2nd after any change). The rounds after
+      each change are priced against their depth's own cost by their place after it, which in
+      practice prices the incumbent's rounds after each visit (a visited depth rarely has a cost
+      of its own); where a place runs SETTLE_EXCESS dear at the median of recent changes, it is
+      taken to be the machine's, whichever way the change went: visits leave it untimed too (and
+      last that much longer), and so do the incumbent's rounds after a visit. Where no place
+      does, as on the machines the older recordings came from, nothing changes.
     * **A promised plain stretch** (not on a backend that replays graphs): while plain decoding
       leads, the rounds before the next exploring visit within the context band are plain
       whatever their times, so :meth:`plain_stretch` lets the engine run up to STRETCH_ROUNDS of
@@ -272,6 +288,11 @@ class AutoDepth(DepthPolicy):
         self._moving = False  # whether it is off its cost now
         self._refit_due = False  # whether its window caught up since the last refit
         self._untimed_left = 0  # rounds of a visit to time a depth afresh still to leave untimed
+        # "A cost that settles": the depth of the last round and its place after the last change
+        # of depth (0: the first at it); place -> recent times over their depth's own cost
+        self._played: int | None = None
+        self._place = 0
+        self._settling: dict[int, list[float]] = {}
 
     # -- the models' view
 
@@ -444,6 +465,9 @@ class AutoDepth(DepthPolicy):
                 self._visit_left = self.visit_rounds - 1
                 if self.graph_replay and self.best == 0:
                     self._visit_left += self.look_rounds
+                elif not self.graph_replay:
+                    self._untimed_left = self.settle_rounds() - 1
+                    self._visit_left += self._untimed_left
                 self._visit_first, self._visit_extra = True, 0.0
                 self._visit_midway = self._seq_rounds > 0
             elif self.graph_replay and self._seq_rounds > 0 and self._last_depth is not None and depth != self._last_depth:
@@ -457,6 +481,9 @@ class AutoDepth(DepthPolicy):
             changing = self._seq_rounds > 0 and self._last_depth is not None and depth != self._last_depth
             if changing or self._since_change < self.settle:
                 self._timed = False
+        elif why == "exploit" and depth == self._played and self._place + 1 < PLAIN_SETTLE and \
+                self._place + 1 < self.settle_rounds():
+            self._timed = False  # (the 1st back stays timed: a visit's budget charges its rebuild)
         wanted = self.best if why == "stay" else None  # where the refused change would go
         if depth != self._decision.get("depth") or why != self._decision.get("why") or wanted != self._decision.get("best"):
             self._decision = {"policy": "auto", "why": why, "depth": depth}
@@ -545,7 +572,8 @@ class AutoDepth(DepthPolicy):
         return max(0, self.next_explore - self.rounds - 1)
 
     def plain_stretch(self, n_past: int, per_round: int = 1) -> int:
-        if self.graph_replay or self._chose != 0 or self._decision.get("why") != "exploit" or self._refit_due:
+        if (self.graph_replay or self._chose != 0 or self._decision.get("why") != "exploit" or self._refit_due
+                or not self._timed):
             return 0
         # the rounds before the next exploring visit (plain_rounds_ahead) that stay in this
         # context band (a caller that never tells the context has one band): no choice among
@@ -574,6 +602,8 @@ class AutoDepth(DepthPolicy):
         self.rounds += 1
         if self.graph_replay:
             self._track_shape(depth, accepted, t_round)
+        else:
+            self._price_the_settling(depth, t_round)
         exploring = self._decision.get("why") == "explore"
         self.accept.observe(depth, accepted)
         if exploring:
@@ -586,6 +616,34 @@ class AutoDepth(DepthPolicy):
                     self._priced_at[depth] = [self.best, self._own_cost(self.best)]
                 if depth == self.best and self.rounds >= self._probe_len:
                     self._watch_the_incumbent()
+
+    def settle_rounds(self) -> int:
+        """How many rounds after a change of depth run dear enough to leave untimed: 1, and each
+        place after it whose recent rounds ran SETTLE_EXCESS over their depth's own cost at the
+        median (the class docstring, "A cost that settles")."""
+        if self.graph_replay:
+            return self.settle
+        n = 1
+        while n < PLAIN_SETTLE:
+            ratios = self._settling.get(n)
+            if not ratios or len(ratios) < SETTLE_SAMPLES or sorted(ratios)[len(ratios) // 2] < 1.0 + SETTLE_EXCESS:
+                break
+            n += 1
+        return n
+
+    def _price_the_settling(self, depth: int, t_round: float) -> None:
+        """The round's place after the last change of depth, and, for places 1 to PLAIN_SETTLE - 1,
+        its time over its depth's own cost (before this round joins it)."""
+        self._place = self._place + 1 if depth == self._played else 0
+        self._played = depth
+        if not 0 < self._place < PLAIN_SETTLE:
+            return
+        n = self.costs.rounds_here(depth)
+        own = self.costs.recent(depth, n) if n >= SETTLE_SAMPLES else None
+        if own:
+            ratios = self._settling.setdefault(self._place, [])
+            ratios.append(t_round / own)
+            del ratios[:-9]
 
     def _track_shape(self, depth: int, accepted: int, t_round: float) -> None:
         """Rounds since the last change of shape, and the time of the unsettled ones after a
