@@ -342,7 +342,36 @@ def test_the_rounds_a_change_of_depth_makes_dear_are_measured():
                              (DearAfterDrafting(lambda i: 0.75 if i <= 2 else 0.5, per_row=0.3, draft=0.9, seed=seed), 3)):
             tuner = AutoDepth(MAX_DEPTH)
             run(tuner, pair, 1500)
-            assert tuner.settle_rounds() == rounds, (seed, type(pair).__name__)
+            assert tuner.settle_rounds(True) == rounds, (seed, type(pair).__name__)
+
+
+class PlainSlowsDown(DearAfterDrafting):
+    """The lane's clock, with plain steps ``slow`` times dearer (drafting then leads)."""
+
+    slow = 1.0
+
+    def play(self, k: int) -> tuple[int, float, float]:
+        n, t, catchup = super().play(k)
+        return n, t * (self.slow if k == 0 else 1.0), catchup
+
+
+def test_what_a_change_to_plain_decoding_costs_is_kept_while_drafting_leads():
+    """Plain decoding leads for 1,500 rounds, and its steps right after a visit to drafting are
+    measured dear; then plain steps slow to 3x and drafting leads. Its rounds back after visits
+    to plain decoding run at their cost, but the dear plain steps after drafting stay measured,
+    so its visits to plain decoding keep timing it past them (measured over both ways together,
+    the settle fell back to one round)."""
+    for seed in range(4):
+        pair = PlainSlowsDown(lambda i: 0.75 if i <= 2 else 0.5, per_row=0.3, draft=0.9, seed=seed)
+        tuner = AutoDepth(MAX_DEPTH)
+        for r in range(3000):
+            pair.slow = 3.0 if r >= 1500 else 1.0
+            k = tuner.choose()
+            tuner.observe(k, *pair.play(k))
+            if r == 1499:
+                assert tuner.best == 0 and tuner.settle_rounds(True) == 3, seed
+        assert tuner.best != 0, seed
+        assert tuner.settle_rounds(True) == 3 and tuner.settle_rounds(False) == 1, seed
 
 
 def test_visits_time_drafting_past_the_rounds_a_change_makes_dear():

@@ -40,9 +40,9 @@ PLAIN_SETTLE = 3
 #: probed last, right after the drafting probes, may have been timed this much dear.
 PLAIN_AFTER_DRAFTING = 1.65
 #: On a CPU, the 2nd, 3rd, ... round after a change of depth (up to PLAIN_SETTLE) is left untimed
-#: like the 1st when, over at least SETTLE_SAMPLES recent changes, the median of its time over
-#: its depth's own cost is SETTLE_EXCESS or more above 1 (the class docstring, "A cost that
-#: settles").
+#: like the 1st when, over at least SETTLE_SAMPLES recent changes the same way (to plain decoding,
+#: or to drafting; the other way's while this way has fewer), the median of its time over its
+#: depth's own cost is SETTLE_EXCESS or more above 1 (the class docstring, "A cost that settles").
 SETTLE_EXCESS = 0.2
 SETTLE_SAMPLES = 5
 #: The most rounds of a promised plain stretch the engine runs before telling the policy of them
@@ -199,12 +199,16 @@ class AutoDepth(DepthPolicy):
       after a change of depth can run dear for more than the one round a visit leaves untimed
       (live, in a two-sequence lane: plain steps 1.6x their cost the 2nd and 3rd after drafting;
       recorded on an AVX2 EPYC with prose: the 1st and 2nd after any change). The rounds after
-      each change are priced against their depth's own cost by their place after it, which in
-      practice prices the incumbent's rounds after each visit (a visited depth rarely has a cost
-      of its own); where a place runs SETTLE_EXCESS dear at the median of recent changes, it is
-      taken to be the machine's, whichever way the change went: visits leave it untimed too (and
-      last that much longer), and so do the incumbent's rounds after a visit. Where no place
-      does, as on the machines the older recordings came from, nothing changes.
+      each change are priced against their depth's own cost by their place after it and the
+      way the change went (to plain decoding, or to drafting), which in practice prices the
+      incumbent's rounds after each visit; where a place runs SETTLE_EXCESS dear at the median
+      of recent changes that way, visits that way leave it untimed too (and last that much
+      longer), and so do the incumbent's rounds back. A way with too few changes priced (a
+      visited depth rarely has a cost of its own) borrows the other way's, and each way keeps
+      what it measured while the incumbent is on the other side: a lane that measured its plain
+      steps after drafting dear while plain decoding led, then left it, still times its visits
+      to plain decoding past them. Where no place runs dear, as on the machines the older
+      recordings came from, nothing changes.
     * **A promised plain stretch** (not on a backend that replays graphs): while plain decoding
       leads, the rounds before the next exploring visit within the context band are plain
       whatever their times, so :meth:`plain_stretch` lets the engine run up to STRETCH_ROUNDS of
@@ -289,10 +293,11 @@ class AutoDepth(DepthPolicy):
         self._refit_due = False  # whether its window caught up since the last refit
         self._untimed_left = 0  # rounds of a visit to time a depth afresh still to leave untimed
         # "A cost that settles": the depth of the last round and its place after the last change
-        # of depth (0: the first at it); place -> recent times over their depth's own cost
+        # of depth (0: the first at it); (to plain decoding, place) -> recent times over their
+        # depth's own cost
         self._played: int | None = None
         self._place = 0
-        self._settling: dict[int, list[float]] = {}
+        self._settling: dict[tuple[bool, int], list[float]] = {}
 
     # -- the models' view
 
@@ -466,7 +471,7 @@ class AutoDepth(DepthPolicy):
                 if self.graph_replay and self.best == 0:
                     self._visit_left += self.look_rounds
                 elif not self.graph_replay:
-                    self._untimed_left = self.settle_rounds() - 1
+                    self._untimed_left = self.settle_rounds(depth == 0) - 1
                     self._visit_left += self._untimed_left
                 self._visit_first, self._visit_extra = True, 0.0
                 self._visit_midway = self._seq_rounds > 0
@@ -482,7 +487,7 @@ class AutoDepth(DepthPolicy):
             if changing or self._since_change < self.settle:
                 self._timed = False
         elif why == "exploit" and depth == self._played and self._place + 1 < PLAIN_SETTLE and \
-                self._place + 1 < self.settle_rounds():
+                self._place + 1 < self.settle_rounds(depth == 0):
             self._timed = False  # (the 1st back stays timed: a visit's budget charges its rebuild)
         wanted = self.best if why == "stay" else None  # where the refused change would go
         if depth != self._decision.get("depth") or why != self._decision.get("why") or wanted != self._decision.get("best"):
@@ -617,15 +622,19 @@ class AutoDepth(DepthPolicy):
                 if depth == self.best and self.rounds >= self._probe_len:
                     self._watch_the_incumbent()
 
-    def settle_rounds(self) -> int:
-        """How many rounds after a change of depth run dear enough to leave untimed: 1, and each
-        place after it whose recent rounds ran SETTLE_EXCESS over their depth's own cost at the
-        median (the class docstring, "A cost that settles")."""
+    def settle_rounds(self, to_plain: bool) -> int:
+        """How many rounds after a change of depth to plain decoding (``to_plain``) or to drafting
+        run dear enough to leave untimed: 1, and each place after it whose recent rounds after
+        changes that way (the other way's while this way has fewer than SETTLE_SAMPLES at place
+        1) ran SETTLE_EXCESS over their depth's own cost at the median (the class docstring, "A
+        cost that settles")."""
         if self.graph_replay:
             return self.settle
+        if len(self._settling.get((to_plain, 1), ())) < SETTLE_SAMPLES:
+            to_plain = not to_plain
         n = 1
         while n < PLAIN_SETTLE:
-            ratios = self._settling.get(n)
+            ratios = self._settling.get((to_plain, n))
             if not ratios or len(ratios) < SETTLE_SAMPLES or sorted(ratios)[len(ratios) // 2] < 1.0 + SETTLE_EXCESS:
                 break
             n += 1
@@ -641,7 +650,7 @@ class AutoDepth(DepthPolicy):
         n = self.costs.rounds_here(depth)
         own = self.costs.recent(depth, n) if n >= SETTLE_SAMPLES else None
         if own:
-            ratios = self._settling.setdefault(self._place, [])
+            ratios = self._settling.setdefault((depth == 0, self._place), [])
             ratios.append(t_round / own)
             del ratios[:-9]
 
