@@ -26,6 +26,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from scripts.arguments import int_list
 from scripts.recorded import write_json
 
 
@@ -91,8 +92,15 @@ def instrument(engine, timers: Timers, decode_only: bool = False) -> None:
             w = by_shape[key] = t.wrap(f"C llama_decode [{key[0]}, {key[1]} rows]", decode)
         return w(ctx, batch)
     rllama.ll.llama_decode = llama_decode
-    if "_prefill" in rengine.Engine.__dict__:  # the prompt's own Python, kept out of the rounds' host work
-        rengine.Engine._prefill = t.wrap("Engine._prefill (its Python)", rengine.Engine.__dict__["_prefill"])
+    import laguna_dflash.runtime.rounds as rrounds
+
+    def wrap_where_defined(name: str, label: str) -> None:
+        # a function of the round loop now, a method of the engine before
+        for owner in (rrounds, rengine.Engine):
+            if name in vars(owner):
+                setattr(owner, name, t.wrap(label, vars(owner)[name]))
+
+    wrap_where_defined("_prefill", "prefill (its Python)")  # kept out of the rounds' host work
     if decode_only:  # one wrapper per decode: what is left of a round is host work, barely perturbed
         return
 
@@ -123,8 +131,7 @@ def instrument(engine, timers: Timers, decode_only: bool = False) -> None:
     for name in ("sample", "accept"):
         if name in S.__dict__:
             setattr(S, name, t.wrap(f"Sampler.{name}", S.__dict__[name]))
-    E = rengine.Engine
-    E._stop_check = t.wrap("Engine._stop_check", E._stop_check)
+    wrap_where_defined("_stop_check", "stop check")
     import laguna_dflash.runtime.tuner as rtuner
 
     for cls in (rtuner.FixedDepth, rtuner.AutoDepth):
@@ -206,7 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("-n", "--n-predict", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=5, help="first N code prompts")
     ap.add_argument("--long", type=int, default=0, help="instead: one prompt of this many tokens (argparse.py)")
-    ap.add_argument("--depths", default="0,4")
+    ap.add_argument("--depths", type=int_list(0, 15, ("auto",)), default=(0, 4),
+                    help="comma-separated depths, or auto")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--kv", default="f16")
     ap.add_argument("--decode-only", action="store_true",
@@ -231,7 +239,7 @@ def main(argv=None) -> int:
     timers = Timers()
     instrument(engine, timers, args.decode_only)
     results = []
-    for depth in [int(d) for d in args.depths.split(",")]:
+    for depth in args.depths:
         res = profile(engine, prompts, depth, args.n_predict, timers, args.repeats)
         results.append(res)
         print(table(res), flush=True)
