@@ -52,6 +52,13 @@ def instrument(engine, timers: Timers) -> None:
     for name in ("plan", "observe"):
         if name in P.__dict__:
             setattr(P, name, timers.wrap(f"planner ({name})", P.__dict__[name]))
+    # the engine's side of planning: what it reads of the pass to tell the planner and plan the
+    # next one (exclusive of the planner's own calls inside it)
+    import laguna_dflash.runtime.batch as rbatch
+
+    B = rbatch.BatchEngine
+    if "_plan_depths" in B.__dict__:
+        B._plan_depths = timers.wrap("planner (the engine's _plan_depths)", B.__dict__["_plan_depths"])
 
 
 def closed_loop(engine, prompts, opts, streams: int, timers: Timers) -> dict:
