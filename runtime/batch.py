@@ -411,6 +411,11 @@ class BatchEngine:
         a drafter returning from plain steps reads their rows first, and the target rebuilds its
         graph for it unless it kept one of that shape (a CPU context keeps four, patch 0038), so
         a depth timed there would look dearer than it runs."""
+        if self.max_pass_rows is None and not any(s.auto for s in self.slots if s.run is not None):
+            # no sequence is the planner's and every bound is the drafter's deepest: nothing to
+            # plan, and nothing to time, since an auto sequence's first pass is its prompt's,
+            # which is never timed (a plan and an observe cost a short pass 1-2%)
+            return
         now = time.perf_counter()
         planner = self.planner
         if planner.stretch_left:

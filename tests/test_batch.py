@@ -457,6 +457,42 @@ def test_a_prompt_that_ends_joins_one_plan_with_the_decoding_sequences(pair, mon
         assert observed[-1] == ([0, 1, 2], True)
 
 
+def test_sequences_at_fixed_depths_run_without_the_planner(pair, monkeypatch):
+    """While no ``auto`` sequence runs (plain decoding and a fixed depth here), no pass is
+    planned or timed; an ``auto`` sequence that starts among them is planned from its prompt's
+    pass on, its first decoding pass untimed (the others drafted before the prompt's pass) and
+    the next timed. Every output equals its output alone."""
+    prompts = [PROMPTS[i][:80] for i in range(3)]
+    n_maxes = (0, 2, "auto")
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=1) as engine:
+        want = [engine.generate_all([p], GenerateOptions(n_predict=40, n_max=n))[0].tokens
+                for p, n in zip(prompts, n_maxes)]
+    with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=3) as engine:
+        plans, observed = [], []
+        real_plan, real_observe = engine.planner.plan, engine.planner.observe
+        monkeypatch.setattr(engine.planner, "plan", lambda ids, rows, ctx, deepest, **kw: plans.append(list(ids))
+                            or real_plan(ids, rows, ctx, deepest, **kw))
+        monkeypatch.setattr(engine.planner, "observe", lambda d, rows, t, timed=True, **kw: observed.append((sorted(d), timed))
+                            or real_observe(d, rows, t, timed, **kw))
+        for i in (0, 1):
+            engine.start(i, prompts[i], GenerateOptions(n_predict=40, n_max=n_maxes[i]))
+        for _ in range(6):
+            engine.step()
+        assert engine.slots[0].state == engine.slots[1].state == "decoding"
+        assert plans == [] and observed == []
+        engine.start(2, prompts[2], GenerateOptions(n_predict=40, n_max="auto"))
+        engine.step()  # a decoding pass went last: the prompt's pass
+        assert plans == [[2]] and observed == [([], False)]
+        engine.step()  # all three decode
+        assert observed[-1] == ([2], False)
+        engine.step()
+        assert observed[-1] == ([2], True)
+        got = {}
+        while len(got) < 3:
+            got.update({f.slot: f for f in engine.step()})
+    assert [got[i].tokens for i in range(3)] == want
+
+
 @pytest.mark.skipif(built_xs_q4_K_M(2) is None, reason="no XS-width Q4_K_M target: scripts/bench/bench_cost_model.py --build-only")
 def test_q4_K_M_prompts_beside_other_sequences_equal_their_solo_outputs():
     """Where a pass of more than 16 rows computes a row by where it falls in the pass (Q4_K's
