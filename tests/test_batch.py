@@ -429,18 +429,25 @@ def test_auto_sequences_take_their_depths_from_one_plan_of_the_pass(pair):
         assert sum(r.stats.rounds for r in out) >= 4 * pd.rounds
 
 
+def spy_on_the_planner(engine, monkeypatch) -> tuple[list, list]:
+    """The sequences of each plan the engine asks of its planner, and of each pass it tells it
+    of with whether that pass was timed, in order."""
+    plans, observed = [], []
+    real_plan, real_observe = engine.planner.plan, engine.planner.observe
+    monkeypatch.setattr(engine.planner, "plan", lambda ids, rows, ctx, deepest, **kw: plans.append(list(ids))
+                        or real_plan(ids, rows, ctx, deepest, **kw))
+    monkeypatch.setattr(engine.planner, "observe", lambda d, rows, t, timed=True, **kw: observed.append((sorted(d), timed))
+                        or real_observe(d, rows, t, timed, **kw))
+    return plans, observed
+
+
 def test_a_prompt_that_ends_joins_one_plan_with_the_decoding_sequences(pair, monkeypatch):
     """A prompt's pass holds that prompt alone; the plan made after it is for the next decoding
     pass, where the prompt's sequence joins those already decoding: one plan for all of them (a
     plan for the prompt's sequence alone gave it the depths of a one-sequence pass), and that
     pass is not timed (its other sequences drafted before the prompt's pass)."""
     with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=3) as engine:
-        plans, observed = [], []
-        real_plan, real_observe = engine.planner.plan, engine.planner.observe
-        monkeypatch.setattr(engine.planner, "plan", lambda ids, rows, ctx, deepest, **kw: plans.append(list(ids))
-                            or real_plan(ids, rows, ctx, deepest, **kw))
-        monkeypatch.setattr(engine.planner, "observe", lambda d, rows, t, timed=True, **kw: observed.append((sorted(d), timed))
-                            or real_observe(d, rows, t, timed, **kw))
+        plans, observed = spy_on_the_planner(engine, monkeypatch)
         opts = GenerateOptions(n_predict=40, n_max="auto")
         engine.start(0, PROMPTS[0][:80], opts)
         engine.start(1, PROMPTS[1][:80], opts)
@@ -468,12 +475,7 @@ def test_sequences_at_fixed_depths_run_without_the_planner(pair, monkeypatch):
         want = [engine.generate_all([p], GenerateOptions(n_predict=40, n_max=n))[0].tokens
                 for p, n in zip(prompts, n_maxes)]
     with BatchEngine.open(pair, EngineConfig(**CONFIG), n_seq=3) as engine:
-        plans, observed = [], []
-        real_plan, real_observe = engine.planner.plan, engine.planner.observe
-        monkeypatch.setattr(engine.planner, "plan", lambda ids, rows, ctx, deepest, **kw: plans.append(list(ids))
-                            or real_plan(ids, rows, ctx, deepest, **kw))
-        monkeypatch.setattr(engine.planner, "observe", lambda d, rows, t, timed=True, **kw: observed.append((sorted(d), timed))
-                            or real_observe(d, rows, t, timed, **kw))
+        plans, observed = spy_on_the_planner(engine, monkeypatch)
         for i in (0, 1):
             engine.start(i, prompts[i], GenerateOptions(n_predict=40, n_max=n_maxes[i]))
         for _ in range(6):
