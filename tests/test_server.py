@@ -409,7 +409,8 @@ def test_a_disconnect_cancels_within_one_round_and_frees_the_slot(models, stream
                              b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
                 deadline = time.monotonic() + 20
                 while (job := s.pool.slots[0].job) is None or job.rounds < 4:
-                    assert len(s.pool.finished) == before and time.monotonic() < deadline, "the job ended, or never ran, before its client hung up"
+                    assert len(s.pool.finished) == before and time.monotonic() < deadline, \
+                        "the job ended, or never ran, before its client hung up"
                     time.sleep(0.001)
         job = finished_job(s, before)
         wait_idle(s)
