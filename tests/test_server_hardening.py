@@ -423,14 +423,21 @@ def test_running_requests_finish_within_the_shutdown_timeout(tmp_path):
 
         def ask():
             with httpx.Client(base_url=srv.url, timeout=60) as h:
-                result["r"] = h.post("/v1/completions", json={"prompt": LOOPING, "max_tokens": 48})
+                result["r"] = h.post("/v1/completions", json={"prompt": LOOPING, "max_tokens": 600})
 
         t = threading.Thread(target=ask)
         t.start()
-        time.sleep(0.3)  # running (the slot is busy) when the signal comes
+        # running (the slot busy) when the signal comes, whatever the machine's pace (a fixed
+        # 0.3 s wait outlasted a short job on a fast CPU); 600 tokens take longer than a poll
+        deadline = time.monotonic() + 60
+        with httpx.Client(base_url=srv.url, timeout=10) as h:
+            while (health := h.get("/health").json())["slots_idle"] == health["slots"]:
+                assert t.is_alive() and time.monotonic() < deadline, \
+                    "the request ended, or never ran, before the signal"
+                time.sleep(0.005)
         srv.proc.send_signal(signal.SIGTERM)
         t.join(60)
-        assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] == 48
+        assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] == 600
         assert srv.proc.wait(60) == 143
         with pytest.raises(httpx.ConnectError):  # not listening any more
             httpx.get(srv.url + "/health", timeout=2)
