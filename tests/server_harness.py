@@ -3,6 +3,7 @@ port, bounded start and stop."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -94,3 +95,10 @@ class LiveServer:
         self.thread.join(60)
         self.sock.close()
         assert not self.thread.is_alive(), "the test server did not stop"
+
+
+def completion_request(body: dict) -> bytes:
+    """The raw bytes of a POST of ``body`` to /v1/completions, for a client on a bare socket."""
+    text = json.dumps(body)
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(text)}\r\n\r\n{text}").encode()

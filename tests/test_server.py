@@ -27,7 +27,7 @@ from laguna_dflash.runtime import assets  # noqa: E402
 from laguna_dflash.runtime.chat_template import ChatTemplate  # noqa: E402
 from laguna_dflash.runtime.cli import main as cli_main  # noqa: E402
 from laguna_dflash.runtime.engine import Engine, EngineConfig, GenerateOptions  # noqa: E402
-from server_harness import TEMPLATE, LiveServer, make_pool, openai_client as client  # noqa: E402
+from server_harness import TEMPLATE, LiveServer, completion_request, make_pool, openai_client as client  # noqa: E402
 
 PROMPTS = [p[:160] for p in assets.read_prompts(assets.CODE_PROMPTS)]
 LOOPING = "def fib(n):\n"  # the bundled target's greedy answer runs 1500 tokens without an end (".0.0.0...")
@@ -403,10 +403,8 @@ def test_a_disconnect_cancels_within_one_round_and_frees_the_slot(models, stream
         else:
             # the client hangs up once its job has run a few rounds, whatever the machine's pace
             # (a read timeout raced it: on a fast CPU the 1500 tokens came back first)
-            payload = json.dumps(body).encode()
             with socket.create_connection(("127.0.0.1", s.port)) as sock:
-                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+                sock.sendall(completion_request(body))
                 deadline = time.monotonic() + 20
                 while (job := s.pool.slots[0].job) is None or job.rounds < 4:
                     assert len(s.pool.finished) == before and time.monotonic() < deadline, \

@@ -26,7 +26,7 @@ from laguna_dflash.runtime import template_limits  # noqa: E402
 from laguna_dflash.runtime.cli import main as cli_main  # noqa: E402
 from laguna_dflash.runtime.engine import Engine, EngineConfig  # noqa: E402
 from laguna_dflash.runtime.server.guards import PreparePool, exposure_problem, lone_surrogate  # noqa: E402
-from server_harness import TEMPLATE, LiveServer, make_pool  # noqa: E402
+from server_harness import TEMPLATE, LiveServer, completion_request, make_pool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPING = "def fib(n):\n"  # the bundled target's greedy answer runs 1500 tokens without an end
@@ -535,12 +535,6 @@ def stop_in_its_idle_wait(proc: subprocess.Popen, timeout: float = 30) -> None:
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0]
-
-
-def completion_request(body: dict) -> bytes:
-    text = json.dumps(body)
-    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(text)}\r\n\r\n{text}").encode()
 
 
 def answer_of(sock: socket.socket):
