@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                                "cost_ms": [round(1e3 * c, 3) for c in cost[:8]],
                                "expected_tokens": [round(e, 3) for e in tokens[:8]],
                                "settle_rounds": {"plain": pd.settle_rounds(True), "drafting": pd.settle_rounds(False)},
-                               "after_change": {f"{'plain' if to_plain else 'drafting'} {p}": [round(x, 2) for x in r] for (to_plain, p), r in sorted(pd._settling.items())}})
+                               "after_change": {f"{'plain' if to_plain else 'drafting'} {place}": [round(x, 2) for x in r]
+                                                for (to_plain, place), r in sorted(pd._settling.items())}})
             return best
 
         PassDepth._refit = logged
