@@ -364,12 +364,10 @@ def test_what_a_change_to_plain_decoding_costs_is_kept_while_drafting_leads():
     for seed in range(4):
         pair = PlainSlowsDown(lambda i: 0.75 if i <= 2 else 0.5, per_row=0.3, draft=0.9, seed=seed)
         tuner = AutoDepth(MAX_DEPTH)
-        for r in range(3000):
-            pair.slow = 3.0 if r >= 1500 else 1.0
-            k = tuner.choose()
-            tuner.observe(k, *pair.play(k))
-            if r == 1499:
-                assert tuner.best == 0 and tuner.settle_rounds(True) == 3, seed
+        run(tuner, pair, 1500)
+        assert tuner.best == 0 and tuner.settle_rounds(True) == 3, seed
+        pair.slow = 3.0
+        run(tuner, pair, 1500)
         assert tuner.best != 0, seed
         assert tuner.settle_rounds(True) == 3 and tuner.settle_rounds(False) == 1, seed
 
